@@ -1,0 +1,1 @@
+"""legorl_jax.metrics."""

@@ -1,0 +1,5 @@
+"""Flax NNX policy models, presets, HF checkpoint I/O and tokenizers."""
+
+from legorl_jax.models.build import abstract_model, create_model, shard_model
+from legorl_jax.models.config import PRESETS, ModelConfig, get_preset
+from legorl_jax.models.decoder import Decoder, KVCache

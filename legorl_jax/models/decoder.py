@@ -1,0 +1,296 @@
+"""Flax NNX decoder family: Llama 3, Qwen2/2.5 and Qwen3.
+
+Every parameter carries ``logical_axes`` metadata (see ``legorl_jax.sharding.rules``), so one
+rules table places it on a ``(data, fsdp, tensor)`` mesh. Kernels are stored ``[in, out]``.
+
+Two forward modes share one attention function:
+  * training / scoring: ``hidden(input_ids, positions, segment_ids)``; tokens attend causally
+    within their segment (packed rows hold several sequences; segment id 0 is padding);
+  * sampling: ``decode(input_ids, positions, cache)`` writes K/V at each token's absolute
+    position in a per-row cache slot and attends to every cached position <= its own.
+    Tokens with ``position < 0`` are padding: they write nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from legorl_jax.models.config import ModelConfig
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Per-layer key/value slots: ``k[i], v[i]`` are ``[B, S, H_kv, D_head]``."""
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+
+  @property
+  def max_len(self) -> int:
+    return self.k[0].shape[1]
+
+  @classmethod
+  def zeros(cls, config: ModelConfig, batch: int, max_len: int, dtype=None) -> "KVCache":
+    dtype = dtype or config.compute_dtype
+    shape = (batch, max_len, config.num_kv_heads, config.head_dim)
+    return cls(k=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+               v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)))
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+  """Inverse RoPE frequencies ``[D_head // 2]`` float32, with optional Llama-3 scaling."""
+  d = config.head_dim
+  inv = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+  sc = config.rope_scaling
+  if sc:
+    factor = float(sc["factor"])
+    lo, hi = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+    old = float(sc["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > old / lo, inv / factor, inv)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+    inv = np.where(medium, smoothed, scaled)
+  return inv.astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Rotates ``x [B, T, H, Dh]`` by ``positions [B, T]`` (half-split convention, as HF)."""
+  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, Dh/2]
+  cos = jnp.cos(freqs)[:, :, None, :]
+  sin = jnp.sin(freqs)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def _param(rngs: nnx.Rngs, shape, axes, config: ModelConfig, std=None, init="normal"):
+  dtype = jnp.dtype(config.param_dtype)
+  if init == "ones":
+    value = jnp.ones(shape, dtype)
+  elif init == "zeros":
+    value = jnp.zeros(shape, dtype)
+  else:
+    std = config.initializer_range if std is None else std
+    value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  return nnx.Param(value, logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm in float32, weight applied after casting back (HF convention)."""
+
+  def __init__(self, dim: int, config: ModelConfig, *, rngs: nnx.Rngs, axis_name="norm"):
+    self.eps = config.rms_norm_eps
+    self.weight = _param(rngs, (dim,), (axis_name,), config, init="ones")
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.weight[...].astype(x.dtype) * y.astype(x.dtype)
+
+
+def attend(q, k, v, mask):
+  """Grouped-query attention.
+
+  q: [B, T, H, Dh]; k, v: [B, S, Hkv, Dh]; mask: [B, T, S] bool -> [B, T, H, Dh].
+  Softmax runs in float32.
+  """
+  b, t, h, dh = q.shape
+  hkv = k.shape[2]
+  q = q.reshape(b, t, hkv, h // hkv, dh)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+  scores = scores / math.sqrt(dh)
+  scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, h, dh)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    c = config
+    self.config = c
+    q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    self.q_kernel = _param(rngs, (c.hidden_size, q_dim), ("embed", "heads"), c)
+    self.k_kernel = _param(rngs, (c.hidden_size, kv_dim), ("embed", "kv_heads"), c)
+    self.v_kernel = _param(rngs, (c.hidden_size, kv_dim), ("embed", "kv_heads"), c)
+    self.o_kernel = _param(rngs, (q_dim, c.hidden_size), ("heads", "embed"), c)
+    if c.qkv_bias:
+      self.q_bias = _param(rngs, (q_dim,), ("heads",), c, init="zeros")
+      self.k_bias = _param(rngs, (kv_dim,), ("kv_heads",), c, init="zeros")
+      self.v_bias = _param(rngs, (kv_dim,), ("kv_heads",), c, init="zeros")
+    if c.qk_norm:
+      self.q_norm = RMSNorm(c.head_dim, c, rngs=rngs, axis_name="head_dim")
+      self.k_norm = RMSNorm(c.head_dim, c, rngs=rngs, axis_name="head_dim")
+
+  def project_qkv(self, x, positions):
+    """x [B, T, D] -> q [B, T, H, Dh], k, v [B, T, Hkv, Dh] (rotated, normed)."""
+    c = self.config
+    dt = x.dtype
+    b, t, _ = x.shape
+
+    def proj(name, heads):
+      y = x @ getattr(self, f"{name}_kernel")[...].astype(dt)
+      if c.qkv_bias:
+        y = y + getattr(self, f"{name}_bias")[...].astype(dt)
+      return y.reshape(b, t, heads, c.head_dim)
+
+    q, k, v = proj("q", c.num_heads), proj("k", c.num_kv_heads), proj("v", c.num_kv_heads)
+    if c.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    inv_freq = rope_inv_freq(c)  # numpy constant, computed at trace time
+    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+  def output(self, o):
+    b, t = o.shape[:2]
+    return o.reshape(b, t, -1) @ self.o_kernel[...].astype(o.dtype)
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    c = config
+    self.gate_kernel = _param(rngs, (c.hidden_size, c.intermediate_size), ("embed", "mlp"), c)
+    self.up_kernel = _param(rngs, (c.hidden_size, c.intermediate_size), ("embed", "mlp"), c)
+    self.down_kernel = _param(rngs, (c.intermediate_size, c.hidden_size), ("mlp", "embed"), c)
+
+  def __call__(self, x):
+    dt = x.dtype
+    g = x @ self.gate_kernel[...].astype(dt)
+    u = x @ self.up_kernel[...].astype(dt)
+    return (jax.nn.silu(g) * u) @ self.down_kernel[...].astype(dt)
+
+
+class Block(nnx.Module):
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(config.hidden_size, config, rngs=rngs)
+    self.attn = Attention(config, rngs=rngs)
+    self.mlp_norm = RMSNorm(config.hidden_size, config, rngs=rngs)
+    self.mlp = MLP(config, rngs=rngs)
+
+  def __call__(self, x, positions, mask, kv=None):
+    """x [B, T, D]; mask [B, T, S]; kv: optional (k_cache, v_cache) [B, S, Hkv, Dh].
+
+    Returns (x, kv) where kv is the updated cache (or None).
+    """
+    q, k, v = self.attn.project_qkv(self.attn_norm(x), positions)
+    if kv is not None:
+      k_cache, v_cache = kv
+      s = k_cache.shape[1]
+      rows = jnp.arange(x.shape[0])[:, None]
+      slot = jnp.where(positions >= 0, positions, s)  # out of range -> dropped
+      k_cache = k_cache.at[rows, slot].set(k.astype(k_cache.dtype), mode="drop")
+      v_cache = v_cache.at[rows, slot].set(v.astype(v_cache.dtype), mode="drop")
+      k, v, kv = k_cache.astype(x.dtype), v_cache.astype(x.dtype), (k_cache, v_cache)
+    x = x + self.attn.output(attend(q, k, v, mask))
+    x = x + self.mlp(self.mlp_norm(x))
+    return x, kv
+
+
+class Decoder(nnx.Module):
+  """Decoder-only transformer policy.
+
+  ``model(input_ids)`` maps int32 ``[B, T]`` to float32 logits ``[B, T, V]``.
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    c = config
+    self.config = c
+    self.embed = _param(rngs, (c.vocab_size, c.hidden_size), ("vocab", "embed"), c)
+    self.layers = nnx.List([Block(c, rngs=rngs) for _ in range(c.num_layers)])
+    self.final_norm = RMSNorm(c.hidden_size, c, rngs=rngs)
+    if not c.tie_word_embeddings:
+      self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), ("embed", "vocab"), c)
+
+  # -- pieces ---------------------------------------------------------------------------------
+  def lm_head_kernel(self) -> jax.Array:
+    """The output projection ``[D, V]`` (the transposed embedding when tied)."""
+    if self.config.tie_word_embeddings:
+      return self.embed[...].T
+    return self.lm_head[...]
+
+  def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
+    """int32 [B, T] -> [B, T, D] in the compute dtype."""
+    return jnp.take(self.embed[...], input_ids, axis=0).astype(self.config.compute_dtype)
+
+  def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+    """[..., D] -> float32 logits [..., V]."""
+    w = self.lm_head_kernel().astype(hidden.dtype)
+    return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+  # -- training / scoring ---------------------------------------------------------------------
+  def hidden(self, input_ids, positions=None, segment_ids=None):
+    """Final-normed hidden states.
+
+    Args:
+      input_ids: int32 [B, T].
+      positions: int32 [B, T] RoPE positions (default ``arange(T)``; restart per packed segment).
+      segment_ids: int32 [B, T]; tokens attend only within equal non-zero ids (default all 1).
+    Returns:
+      [B, T, D] in the compute dtype.
+    """
+    b, t = input_ids.shape
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    if segment_ids is None:
+      segment_ids = jnp.ones((b, t), jnp.int32)
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    mask = (causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
+            & (segment_ids[:, :, None] != 0))
+    x = self.embed_tokens(input_ids)
+    for block in self.layers:
+      if self.config.remat:
+        x = _remat_block(block, x, positions, mask)
+      else:
+        x, _ = block(x, positions, mask)
+    return self.final_norm(x)
+
+  def __call__(self, input_ids, positions=None, segment_ids=None):
+    """int32 [B, T] -> float32 logits [B, T, V]."""
+    return self.logits_from_hidden(self.hidden(input_ids, positions, segment_ids))
+
+  # -- sampling -------------------------------------------------------------------------------
+  def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+    return KVCache.zeros(self.config, batch, max_len, dtype)
+
+  def decode(self, input_ids, positions, cache: KVCache):
+    """Runs new tokens against the KV cache (prefill when T > 1, decode when T == 1).
+
+    Args:
+      input_ids: int32 [B, T].
+      positions: int32 [B, T] absolute positions (= cache slot); negative = padding.
+      cache: KVCache with slots [B, S, Hkv, Dh].
+    Returns:
+      (hidden [B, T, D] final-normed, updated cache).
+    """
+    s = cache.max_len
+    slots = jnp.arange(s, dtype=jnp.int32)
+    mask = (slots[None, None, :] <= positions[:, :, None]) & (positions[:, :, None] >= 0)
+    x = self.embed_tokens(input_ids)
+    ks, vs = [], []
+    for i, block in enumerate(self.layers):
+      x, (k, v) = block(x, positions, mask, kv=(cache.k[i], cache.v[i]))
+      ks.append(k)
+      vs.append(v)
+    return self.final_norm(x), KVCache(k=tuple(ks), v=tuple(vs))
+
+
+def _remat_block(block: Block, x, positions, mask):
+  graphdef, state = nnx.split(block)
+
+  @jax.checkpoint
+  def run(state, x):
+    out, _ = nnx.merge(graphdef, state)(x, positions, mask)
+    return out
+
+  return run(state, x)

@@ -1,0 +1,46 @@
+"""legorl_jax: harness-native reinforcement learning for coding agents, in JAX."""
+
+import setuptools
+
+INSTALL_REQUIRES = [
+    "jax[cpu]>=0.10.0,<0.11",
+    "flax>=0.12.0,<0.13",
+    "optax>=0.2.5,<0.3",
+    "orbax-checkpoint>=0.12.0,<0.13",
+    "ml_collections>=1.0,<2",
+    "absl-py>=2.1,<3",
+    "numpy>=2.0,<3",
+    "transformers>=5.0,<6",
+    "tokenizers>=0.22,<0.24",
+    "safetensors>=0.5,<0.9",
+    "tensorflow-datasets>=4.9.8,<4.10",
+    "array_record>=0.7,<0.9",
+    "docker>=7.0,<8",
+    "jaxtyping>=0.3,<0.4",
+    "tqdm>=4.66,<5",
+]
+
+EXTRAS = {
+    "tpu": ["jax[tpu]>=0.10.0,<0.11"],
+    "gpu": ["jax[cuda12]>=0.10.0,<0.11"],
+    "test": [
+        "pytest>=8,<10",
+        "pytest-timeout>=2.3,<3",
+        # Reference implementations for parity tests only (CPU wheel).
+        "torch==2.13.0",
+        "openai>=1.80,<3",
+        "anthropic>=0.50,<1",
+    ],
+}
+
+setuptools.setup(
+    name="legorl_jax",
+    version="0.1.0",
+    description="Harness-native reinforcement learning for coding agents, in JAX.",
+    packages=setuptools.find_packages(include=["legorl_jax", "legorl_jax.*", "experiments", "experiments.*"]),
+    package_data={"legorl_jax": ["models/assets/**/*"]},
+    include_package_data=True,
+    python_requires=">=3.11",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
