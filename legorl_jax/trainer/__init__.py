@@ -1,1 +1,1 @@
-"""legorl_jax.trainer."""
+"""Learner: train state, sharded train step, checkpoints, and the RL loop."""

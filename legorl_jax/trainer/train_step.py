@@ -1,0 +1,188 @@
+"""The learner's pure update: teacher-forced logprobs through the fused lm-head op, policy loss,
+gradient accumulation over micro-batches, one optax update.
+
+A device batch holds ``[B, T]`` arrays aligned with token ids (entry ``t`` describes token
+``t``): ``input_ids`` int32, ``positions`` int32, ``segment_ids`` int32 (0 = padding; several
+sequences may share a row), ``loss_mask`` f32 (1 on sampled tokens), ``advantages`` f32,
+``rollout_logp`` f32 (recorded by the sampler), optionally ``old_logp`` f32 (learner at
+rollout time), ``returns`` / ``old_values`` f32 (PPO critic). Token ``t+1`` is predicted from
+position ``t``; a prediction across a segment boundary is never scored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from legorl_jax import errors
+from legorl_jax.models.params import ModelDef, Params
+from legorl_jax.rl import aggregation as agg
+from legorl_jax.rl import losses as rl_losses
+from legorl_jax.rl import metrics as rl_metrics
+from legorl_jax.rl.token_logprobs import token_logprobs
+from legorl_jax.trainer.state import TrainState
+
+Batch = dict[str, jax.Array]
+REQUIRED_KEYS = ("input_ids", "positions", "segment_ids", "loss_mask", "advantages")
+
+
+def shifted(batch: Batch) -> dict[str, jax.Array]:
+  """Aligns per-token arrays with next-token predictions: ``[B, T] -> [B, T-1]``.
+
+  Returns the targets (``input_ids[:, 1:]``), the scored mask (loss mask of the predicted
+  token, zero across segment boundaries) and every other per-token array shifted likewise.
+  """
+  seg = batch["segment_ids"]
+  same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+  out = {"targets": batch["input_ids"][:, 1:],
+         "segment_ids": jnp.where(same, seg[:, 1:], 0),
+         "loss_mask": batch["loss_mask"][:, 1:].astype(jnp.float32) * same}
+  for k in ("advantages", "rollout_logp", "old_logp", "ref_logp", "returns", "old_values"):
+    if batch.get(k) is not None:
+      out[k] = batch[k][:, 1:].astype(jnp.float32)
+  return out
+
+
+def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, temperature: float,
+                     impl: str | None = None, value_head=None):
+  """Teacher-forced logprobs of every next token.
+
+  Returns ``(logp [B, T-1], entropy [B, T-1], values [B, T-1] or None)`` in float32; logits are
+  never materialised (``token_logprobs`` chunks over the vocabulary).
+  """
+  model = model_def.merge(params)
+  hidden = model.hidden(batch["input_ids"], batch["positions"], batch["segment_ids"])
+  h = hidden[:, :-1]
+  b, t, d = h.shape
+  targets = batch["input_ids"][:, 1:].reshape(-1).astype(jnp.int32)
+  logp, ent = token_logprobs(h.reshape(b * t, d), model.lm_head_kernel().astype(h.dtype), targets,
+                             temperature=temperature, impl=impl)
+  values = None
+  if value_head is not None:
+    values = (h.astype(jnp.float32) @ value_head["kernel"] + value_head["bias"])[..., 0]
+  return logp.reshape(b, t), ent.reshape(b, t), values
+
+
+def loss_denominators(sb: dict[str, jax.Array], cfg) -> tuple[jax.Array, jax.Array]:
+  """Global (policy, value) denominators: they depend on masks only, not on parameters."""
+  zeros = jnp.zeros_like(sb["loss_mask"])
+  _, d_pol = agg.aggregate(zeros, agg.token_mask(sb["loss_mask"], sb["segment_ids"]),
+                           sb["segment_ids"], mode=cfg.loss.aggregation, max_len=cfg.loss.get("max_len"))
+  _, d_val = agg.aggregate(zeros, agg.token_mask(sb["loss_mask"], sb["segment_ids"]),
+                           sb["segment_ids"], mode="token-mean")
+  return d_pol, d_val
+
+
+def _split_micro(batch: Batch, n: int) -> Batch:
+  b = batch["input_ids"].shape[0]
+  if b % n:
+    raise errors.ConfigError(
+        f"trainer.micro_batches={n} must divide the batch size {b}; change one of them.")
+  return {k: v.reshape(n, b // n, *v.shape[1:]) for k, v in batch.items() if v is not None}
+
+
+def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation, cfg
+                    ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
+  """Builds ``train_step(state, batch, ref_params=None) -> (state, metrics)`` (pure, unjitted).
+
+  ``cfg`` fields: ``loss.name`` (a key of ``rl.POLICY_LOSSES``), the ``rl.LossConfig`` knobs under
+  ``loss``, ``loss.temperature`` (the sampling temperature), ``loss.vf_coef``,
+  ``loss.vf_clip``, ``trainer.micro_batches``, ``trainer.logprob_impl``.
+  """
+  loss_name = cfg.loss.name
+  if loss_name not in rl_losses.POLICY_LOSSES:
+    raise errors.ConfigError(
+        f"loss.name={loss_name!r} is unknown; choose one of {sorted(rl_losses.POLICY_LOSSES)}.")
+  n_micro = int(cfg.trainer.get("micro_batches", 1))
+  temperature = float(cfg.loss.get("temperature", 1.0))
+  impl = cfg.trainer.get("logprob_impl", None)
+  vf_coef = float(cfg.loss.get("vf_coef", 0.0))
+  vf_clip = cfg.loss.get("vf_clip", None)
+
+  def micro_loss(trainable, mb, ref_params, d_pol, d_val):
+    logp, ent, values = forward_logprobs(model_def, trainable["policy"], mb, temperature=temperature,
+                                         impl=impl, value_head=trainable["value_head"])
+    sb = shifted(mb)
+    if ref_params is not None:
+      ref_logp, _, _ = forward_logprobs(model_def, ref_params, mb, temperature=temperature, impl=impl)
+      sb["ref_logp"] = jax.lax.stop_gradient(ref_logp)
+    sb.update(logp=logp, entropy=ent)
+    pl_sum, _, m = rl_losses.policy_loss(loss_name, sb, cfg.loss)
+    total = pl_sum / d_pol
+    m["pg_objective_sum"] = pl_sum  # merged by sum; finalized below against d_pol
+    if values is not None and vf_coef:
+      vl_sum, _, vm = rl_losses.value_loss(values, sb["old_values"], sb["returns"], sb["loss_mask"],
+                                           sb["segment_ids"], clip_eps=vf_clip)
+      total = total + vf_coef * vl_sum / d_val
+      m["vf_loss_total"] = vl_sum
+      m["vf_clip_frac_sum"] = vm["vf_clip_frac_sum"]
+    return total, m
+
+  grad_fn = jax.grad(micro_loss, has_aux=True)
+
+  def train_step(state: TrainState, batch: Batch, ref_params: Params | None = None):
+    sb_all = shifted(batch)
+    d_pol, d_val = loss_denominators(sb_all, cfg)
+    d_pol, d_val = jnp.maximum(d_pol, 1e-8), jnp.maximum(d_val, 1e-8)
+    trainable = state.trainable()
+    micro = _split_micro(batch, n_micro)
+
+    def body(carry, mb):
+      g_acc, m_acc = carry
+      g, m = grad_fn(trainable, mb, ref_params, d_pol, d_val)
+      g_acc = jax.tree.map(jnp.add, g_acc, g)
+      m_acc = m if m_acc is None else rl_metrics.merge_metrics(m_acc, m)
+      return (g_acc, m_acc), None
+
+    zeros = jax.tree.map(jnp.zeros_like, trainable)
+    first = jax.tree.map(lambda x: x[0], micro)
+    (g0, m0), _ = body((zeros, None), first)
+    if n_micro > 1:
+      rest = jax.tree.map(lambda x: x[1:], micro)
+      (grads, metrics), _ = jax.lax.scan(body, (g0, m0), rest)
+    else:
+      grads, metrics = g0, m0
+    updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
+    new = optax.apply_updates(trainable, updates)
+    pg = metrics.pop("pg_objective_sum")
+    vl = metrics.pop("vf_loss_total", None)
+    out = rl_metrics.finalize_metrics(metrics)
+    out["loss/policy"] = pg / d_pol
+    if vl is not None:
+      out["loss/value"] = vl / d_val
+    out["grad_norm"] = optax.global_norm(grads)
+    out["param_norm"] = optax.global_norm(new["policy"])
+    new_state = state.replace(step=state.step + 1, params=new["policy"],
+                              value_head=new["value_head"], opt_state=opt_state)
+    return new_state, out
+
+  return train_step
+
+
+def make_logprob_fn(model_def: ModelDef, *, temperature: float, impl: str | None = None):
+  """``fn(params, batch) -> (logp [B, T], entropy [B, T])`` aligned with tokens (column 0 is 0),
+  for old/reference logprobs and sampler-vs-learner agreement checks."""
+
+  def fn(params, batch):
+    logp, ent, _ = forward_logprobs(model_def, params, batch, temperature=temperature, impl=impl)
+    pad = jnp.zeros((logp.shape[0], 1), jnp.float32)
+    return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
+
+  return fn
+
+
+def batch_shardings(batch: Batch, mesh: Mesh) -> dict[str, NamedSharding]:
+  """Leading (batch) axis over ``data`` x ``fsdp``; everything else replicated."""
+  axes = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
+  return {k: NamedSharding(mesh, P(axes, *([None] * (v.ndim - 1)))) for k, v in batch.items()}
+
+
+def jit_train_step(train_step, state_sh: TrainState, batch_sh, ref_sh=None):
+  """Jits with explicit shardings and a donated state (updated in place on device)."""
+  in_sh = (state_sh, batch_sh) if ref_sh is None else (state_sh, batch_sh, ref_sh)
+  return jax.jit(train_step, in_shardings=in_sh, out_shardings=(state_sh, None),
+                 donate_argnums=(0,))
