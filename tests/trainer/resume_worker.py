@@ -1,0 +1,41 @@
+"""A learner process for the kill-and-resume test: trains a small policy on batches drawn
+from the data position, checkpointing every step; resumes from the latest checkpoint."""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from legorl_jax.models import create_model
+from legorl_jax.models.params import split_model
+from legorl_jax.trainer import checkpoint, optimizer as opt_lib, state as state_lib, train_step as ts
+from tests.trainer import test_train_step as helpers
+
+
+def main(workdir: str, total_steps: int, out: str):
+  cfg = helpers.make_cfg(micro=2)
+  cfg.optim.learning_rate, cfg.optim.max_grad_norm = 3e-3, 1.0
+  model_def, params = split_model(create_model(helpers.CFG, seed=0))
+  opt = opt_lib.make_optimizer(cfg.optim)
+  step_fn = jax.jit(ts.make_train_step(model_def, opt, cfg), donate_argnums=(0,))
+  state = state_lib.create_train_state(params, opt, seed=1)
+  ckpt = checkpoint.Checkpointer(workdir, keep=2, async_save=True)
+  position = 0
+  if ckpt.latest_step() is not None:
+    state, host, _ = ckpt.restore(state)
+    position = host["data_position"]
+    print(f"resumed {int(state.step)} position {position}", flush=True)
+  while int(state.step) < total_steps:
+    batch = jax.tree.map(jnp.asarray, helpers.make_batch(seed=100 + position))
+    state, _ = step_fn(state, batch)
+    position += 1
+    ckpt.save(int(state.step), state, host={"data_position": position})
+    print(f"saved {int(state.step)}", flush=True)
+  ckpt.close()
+  np.savez(out, **{k: np.asarray(v) for k, v in state.params.items()})
+  print("done", flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
