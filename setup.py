@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
     "docker>=7.0,<8",
     "jaxtyping>=0.3,<0.4",
     "tqdm>=4.66,<5",
+    "aiohttp>=3.9,<4",
 ]
 
 EXTRAS = {
@@ -28,8 +29,8 @@ EXTRAS = {
         "pytest-timeout>=2.3,<3",
         # Reference implementations for parity tests only (CPU wheel).
         "torch==2.13.0",
-        "openai>=1.80,<3",
-        "anthropic>=0.50,<1",
+        "openai>=1.80,<4",
+        "anthropic>=0.50,<3",
     ],
 }
 
