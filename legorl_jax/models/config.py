@@ -67,6 +67,12 @@ class ModelConfig:
       except TypeError as e:
         raise errors.ConfigError(f"model.{name}={getattr(self, name)!r} is not a dtype: {e}") from e
 
+  def __hash__(self):
+    # rope_scaling is a dict; hash its items so configs (and NNX graphdefs) stay hashable.
+    return hash(tuple(
+        tuple(sorted(v.items())) if isinstance(v, dict) else v
+        for v in (getattr(self, f.name) for f in dataclasses.fields(self))))
+
   @property
   def compute_dtype(self):
     return jnp.dtype(self.dtype)
