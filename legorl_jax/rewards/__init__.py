@@ -1,1 +1,1 @@
-"""legorl_jax.rewards."""
+"""legorl_jax.rewards: hidden-test verification, rewards and reward-hacking checks."""

@@ -1,0 +1,94 @@
+"""Docker images without a registry: a base image built from a debootstrap rootfs.
+
+``ensure_base_image`` returns the tag of a Debian image with Python 3 and git, building it
+once with ``debootstrap`` and ``docker import``. The tag carries a hash of the recipe, so a
+changed recipe builds a new image and an unchanged one is found again in milliseconds. The
+rootfs tarball is also kept in a cache directory, so a fresh Docker engine re-imports it
+without downloading anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+
+from legorl_jax.errors import SandboxError
+
+log = logging.getLogger(__name__)
+
+IMAGE_REPO = "legorl/base"
+RECIPE_VERSION = 1
+
+
+def default_cache_dir() -> str:
+  return os.path.join(os.path.expanduser("~"), ".cache", "legorl_jax", "images")
+
+
+def recipe_hash(suite: str, packages: tuple[str, ...], variant: str, mirror: str | None) -> str:
+  recipe = {"v": RECIPE_VERSION, "suite": suite, "packages": sorted(packages), "variant": variant,
+            "mirror": mirror}
+  return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def image_exists(client, tag: str) -> bool:
+  import docker
+  try:
+    client.images.get(tag)
+    return True
+  except docker.errors.ImageNotFound:
+    return False
+
+
+def ensure_base_image(client, *, suite: str = "bookworm", packages: tuple[str, ...] = ("python3", "git"),
+                      variant: str = "minbase", mirror: str | None = None,
+                      cache_dir: str | None = None) -> str:
+  """Tag of the base image, building it if needed (about a minute, needs root and debootstrap)."""
+  h = recipe_hash(suite, packages, variant, mirror)
+  tag = f"{IMAGE_REPO}:{h}"
+  if image_exists(client, tag):
+    return tag
+  cache_dir = cache_dir or default_cache_dir()
+  tarball = os.path.join(cache_dir, f"rootfs-{h}.tar")
+  if not os.path.isfile(tarball):
+    _build_rootfs_tar(tarball, suite, packages, variant, mirror)
+  log.info("importing %s as %s", tarball, tag)
+  client.api.import_image_from_file(tarball, repository=IMAGE_REPO, tag=h,
+                                    changes=['CMD ["/bin/sh"]', "ENV LANG=C.UTF-8"])
+  if not image_exists(client, tag):
+    raise SandboxError(f"docker import of {tarball} did not produce {tag}")
+  return tag
+
+
+def _build_rootfs_tar(tarball, suite, packages, variant, mirror):
+  if shutil.which("debootstrap") is None:
+    raise SandboxError("debootstrap is not installed; `apt-get install -y debootstrap` "
+                       "(or pass an existing image as SandboxConfig.image)")
+  if os.geteuid() != 0:
+    raise SandboxError("building the base image with debootstrap needs root; run as root once, "
+                       "or pass an existing image as SandboxConfig.image")
+  os.makedirs(os.path.dirname(tarball), exist_ok=True)
+  with tempfile.TemporaryDirectory(prefix="legorl-rootfs-") as tmp:
+    rootfs = os.path.join(tmp, "rootfs")
+    cmd = ["debootstrap", f"--variant={variant}", f"--include={','.join(packages)}", suite, rootfs]
+    if mirror:
+      cmd.append(mirror)
+    log.info("building rootfs: %s", " ".join(cmd))
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+      raise SandboxError(f"debootstrap failed (exit {p.returncode}): {p.stdout[-800:]} {p.stderr[-800:]}")
+    # Slim it down: package caches and lists are not needed at run time.
+    for d in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man"):
+      shutil.rmtree(os.path.join(rootfs, d), ignore_errors=True)
+    os.makedirs(os.path.join(rootfs, "home", "agent"), exist_ok=True)
+    os.chown(os.path.join(rootfs, "home", "agent"), 1000, 1000)
+    part = tarball + ".part"
+    p = subprocess.run(["tar", "-C", rootfs, "--numeric-owner", "--exclude=./proc/*", "--exclude=./sys/*",
+                        "--exclude=./dev/*", "-cf", part, "."], capture_output=True, text=True)
+    if p.returncode != 0:
+      raise SandboxError(f"cannot archive the rootfs: {p.stderr[-500:]}")
+    os.replace(part, tarball)
