@@ -1,0 +1,188 @@
+"""One trial: a harness works on a task in a sandbox against a proxy session; hidden tests
+grade it. Every trial ends with a status and a record, whatever fails along the way.
+
+Status resolution (first match wins):
+  sandbox could not be created / used          -> sandbox_error  (infrastructure)
+  harness crashed or could not reach the proxy -> harness_error  (infrastructure)
+  harness ran past its wall-clock limit        -> timeout        (policy)
+  the conversation outgrew the context         -> overlong       (policy)
+  otherwise the verifier's status              -> solved | failed | reward_hack | verifier_error
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+import traceback
+import uuid
+from typing import Any
+
+from legorl_jax import errors
+from legorl_jax.harnesses import base as hbase
+from legorl_jax.rewards import status as st
+from legorl_jax.rewards.verifier import verify
+from legorl_jax.sandbox import SandboxConfig, create_sandbox
+from legorl_jax.tasks.schema import Task
+
+log = logging.getLogger(__name__)
+_TAIL = 4000
+
+
+@dataclasses.dataclass
+class TrialResult:
+  """What one trial produced. ``trajectory`` is the proxy session's recording (not written to
+  ``trials.jsonl``; it goes to ``trajectory_path``)."""
+
+  trial_id: str
+  task_id: str
+  harness: str
+  status: str
+  reward: float
+  group: int = -1
+  attempt: int = 0
+  harness_status: str = ""
+  exit_code: int | None = None
+  turns: int = 0
+  prompt_tokens: int = 0
+  sampled_tokens: int = 0
+  params_versions: list[int] = dataclasses.field(default_factory=list)
+  durations: dict[str, float] = dataclasses.field(default_factory=dict)
+  verifier: dict[str, Any] = dataclasses.field(default_factory=dict)
+  error: str = ""
+  log_paths: dict[str, str] = dataclasses.field(default_factory=dict)
+  trajectory_path: str = ""
+  trajectory: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
+
+  @property
+  def infrastructure_failure(self) -> bool:
+    return st.is_infrastructure(self.status)
+
+  def record(self) -> dict[str, Any]:
+    """The ``trials.jsonl`` line (everything but the in-memory trajectory)."""
+    d = dataclasses.asdict(self)
+    d.pop("trajectory")
+    return d
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialConfig:
+  harness_timeout_s: float = 300.0
+  max_turns: int = 8
+  temperature: float | None = None
+  sandbox: SandboxConfig = SandboxConfig()
+  keep_trajectory_files: bool = True
+
+
+def _tail(path: str) -> str:
+  try:
+    with open(path, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - _TAIL))
+      return f.read().decode(errors="replace")
+  except OSError:
+    return ""
+
+
+def run_trial(task: Task, adapter: hbase.HarnessAdapter, proxy, config: TrialConfig,
+              out_dir: str, *, group: int = -1, attempt: int = 0) -> TrialResult:
+  """Runs one trial end to end and always returns a ``TrialResult`` (never raises for a bad
+  task, harness or sandbox). ``proxy`` is a started ``ProxyServer`` with a Unix socket."""
+  trial_id = f"{task.id.replace('/', '_')}.{uuid.uuid4().hex[:8]}"
+  tdir = os.path.join(out_dir, trial_id)
+  os.makedirs(tdir, exist_ok=True)
+  res = TrialResult(trial_id=trial_id, task_id=task.id, harness=adapter.name,
+                    status=st.SANDBOX_ERROR, reward=0.0, group=group, attempt=attempt)
+  res.log_paths = {"stdout": os.path.join(tdir, "harness.stdout"),
+                   "stderr": os.path.join(tdir, "harness.stderr")}
+  t0 = time.perf_counter()
+  handle = None
+  sandbox = None
+  try:
+    handle = proxy.create_session()
+    sb_cfg = dataclasses.replace(
+        config.sandbox, proxy_socket=proxy.uds,
+        ro_mounts=tuple(config.sandbox.ro_mounts) + tuple(adapter.ro_mounts()))
+    try:
+      sandbox = create_sandbox(task, sb_cfg)
+    except errors.LegorlError as e:
+      res.status, res.error = st.SANDBOX_ERROR, f"sandbox creation failed: {e}"
+      return res
+    res.durations["sandbox_s"] = time.perf_counter() - t0
+
+    endpoint = hbase.Endpoint(root=f"{sandbox.proxy_url}/sess/{handle.session_id}",
+                              token=handle.token)
+    spec = adapter.launch(task.instruction, endpoint, home=sandbox.home, workdir=sandbox.workdir,
+                          max_turns=config.max_turns, temperature=config.temperature)
+    sandbox.write_files(spec.files)
+    t1 = time.perf_counter()
+    r = sandbox.exec(spec.argv, timeout=config.harness_timeout_s, env=spec.env, cwd=spec.cwd,
+                     stdout_path=res.log_paths["stdout"], stderr_path=res.log_paths["stderr"])
+    res.durations["harness_s"] = time.perf_counter() - t1
+    res.exit_code = r.exit_code
+    res.harness_status = adapter.harness_status(
+        r.exit_code, r.timed_out, _tail(res.log_paths["stdout"]), _tail(res.log_paths["stderr"]))
+    for path in spec.log_files:  # copy harness logs out before the sandbox goes away
+      try:
+        data = sandbox.read_file(path)
+        dest = os.path.join(tdir, os.path.basename(path))
+        with open(dest, "wb") as f:
+          f.write(data)
+        res.log_paths[os.path.basename(path)] = dest
+      except (errors.LegorlError, OSError):
+        pass
+
+    t2 = time.perf_counter()
+    vres = verify(sandbox, task)
+    res.durations["verify_s"] = time.perf_counter() - t2
+    res.verifier = vres.to_dict()
+    res.verifier.pop("output_tail", None)
+
+    if res.harness_status == hbase.HARNESS_ERROR:
+      res.status, res.error = st.HARNESS_ERROR, (
+          f"harness exited with code {r.exit_code}: {_tail(res.log_paths['stderr'])[-500:]}")
+    elif res.harness_status == hbase.HARNESS_TIMEOUT:
+      res.status = st.TIMEOUT
+    elif res.harness_status == hbase.HARNESS_OVERLONG:
+      res.status = st.OVERLONG
+    else:
+      res.status = vres.status
+    # A reward only counts for a graded, untampered trial.
+    res.reward = float(vres.reward) if res.status in (st.SOLVED, st.FAILED) else 0.0
+    if vres.status == st.REWARD_HACK:
+      res.status, res.reward = st.REWARD_HACK, 0.0
+  except errors.SandboxError as e:
+    res.status, res.error = st.SANDBOX_ERROR, str(e)
+  except Exception as e:  # noqa: BLE001 -- a trial never takes the run down
+    res.status = st.HARNESS_ERROR if sandbox is not None else st.SANDBOX_ERROR
+    res.error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"
+  finally:
+    if sandbox is not None:
+      try:
+        sandbox.destroy()
+      except Exception as e:  # noqa: BLE001
+        log.warning("sandbox %s destroy failed: %s", sandbox.id, e)
+        res.error += f"; destroy failed: {e}"
+    if handle is not None:
+      session = proxy.sessions.pop(handle.session_id)
+      if session is not None:
+        res.trajectory = session.trajectory()
+        _summarise(res)
+        if config.keep_trajectory_files:
+          res.trajectory_path = os.path.join(tdir, "trajectory.json")
+          with open(res.trajectory_path, "w") as f:
+            json.dump(res.trajectory, f)
+    res.durations["total_s"] = time.perf_counter() - t0
+  return res
+
+
+def _summarise(res: TrialResult):
+  traj = res.trajectory or {}
+  calls = traj.get("calls", [])
+  main = [c for c in calls if c.get("stream") == "main"]
+  res.turns = len(main)
+  res.prompt_tokens = sum(len(c.get("prompt_ids", [])) for c in calls)
+  res.sampled_tokens = sum(len(c.get("token_ids", [])) for c in calls)
+  res.params_versions = sorted({int(c.get("params_version", 0)) for c in calls})
