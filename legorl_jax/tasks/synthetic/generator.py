@@ -5,7 +5,8 @@ mutated function, an issue-style instruction describing the failing behaviour (n
 fix), hidden tests that fail before and pass after the gold patch, and the cheap pyrunner
 verifier. Everything is checked by executing the examples at generation time.
 
-Difficulty: ``easy`` ships only the buggy module, uses single-line bug families and names
+Difficulty: ``hinted`` is ``easy`` plus the buggy line quoted in the instruction (the CPU
+demo's level: a tiny policy can copy the line and learn which edit fixes it); ``easy`` ships only the buggy module, uses single-line bug families and names
 the file, function, call, actual and expected result; ``medium`` adds a second module and
 does not name the file; ``hard`` ships every module, also removes edge-case guards, and
 words the instruction as a user report. Splits: a (template, function) pair belongs to
@@ -31,7 +32,7 @@ from legorl_jax.tasks.synthetic.templates_a import TEMPLATES_A
 from legorl_jax.tasks.synthetic.templates_b import TEMPLATES_B
 
 TEMPLATES: tuple[Template, ...] = TEMPLATES_A + TEMPLATES_B
-DIFFICULTIES = ("easy", "medium", "hard")
+DIFFICULTIES = ("hinted", "easy", "medium", "hard")
 SPLITS = ("train", "validation")
 VALIDATION_PERCENT = 25
 _EASY_FAMILIES = ("wrong_operator", "off_by_one", "wrong_constant", "swapped_arguments", "wrong_return")
@@ -142,7 +143,11 @@ def _readme(t: Template, modules: list[Module]) -> str:
           f"Plain test functions live in `tests/`; run them with `python -m pytest tests`.\n")
 
 
-def _instruction(difficulty, t, module, func, call, actual, expected) -> str:
+def _instruction(difficulty, t, module, func, call, actual, expected, bug_line=None) -> str:
+  if difficulty == "hinted":
+    return (f"The function `{func}` in `{t.package}/{module}.py` is wrong.\n"
+            f"`{call}` {actual} but it should return `{expected[1]!r}`.\n"
+            f"The bug is in this line:\n{bug_line}")
   if difficulty == "easy":
     return (f"The function `{func}` in `{t.package}/{module}.py` is wrong.\n"
             f"`{call}` {actual} but it should return `{expected[1]!r}`.\n"
@@ -164,11 +169,11 @@ def _build(t: Template, module: Module, func: str, mut: Mutation, difficulty: st
   failing = [i for i, (g, b) in enumerate(zip(gold, bug)) if not _same(g, b)]
   if not failing or any(g[0] == "raises" and g[1] == "TimeoutError" for g in gold):
     return None
-  if difficulty == "easy" and (mut.new == "" or bug_src.count(mut.new) != 1):
+  if difficulty in ("hinted", "easy") and (mut.new == "" or bug_src.count(mut.new) != 1):
     return None  # easy fixes must be one unambiguous exact-string edit
   # Prefer a failing example of the mutated function itself for the instruction.
   first = next((i for i in failing if calls[i][0] == func), failing[0])
-  shipped = [module] if difficulty == "easy" else list(t.modules[:2]) if difficulty == "medium" else list(t.modules)
+  shipped = [module] if difficulty in ("hinted", "easy") else list(t.modules[:2]) if difficulty == "medium" else list(t.modules)
   if module not in shipped:
     shipped = [module] + shipped[:-1]
   files, hidden, f2p, p2p = {}, {}, [], []
@@ -210,7 +215,8 @@ def _build(t: Template, module: Module, func: str, mut: Mutation, difficulty: st
   return Task(
       id=f"synth/{difficulty}/{t.name}/{func}/{mut.family}/{key}",
       repo=RepoSource(kind="archive", data=files_to_archive(files)),
-      instruction=_instruction(difficulty, t, module.name, func, calls[first][1], _describe(bug[first]), gold[first]),
+      instruction=_instruction(difficulty, t, module.name, func, calls[first][1], _describe(bug[first]),
+                               gold[first], bug_line=mut.new),
       verifier=VerifierSpec(kind="pyrunner", test_files=tuple(test_files), timeout_s=30.0),
       hidden_tests=hidden, gold_patch=gold_patch, fail_to_pass=tuple(f2p), pass_to_pass=tuple(p2p),
       limits=Limits(timeout_s=600.0, memory_mb=1024, pids=128, cpus=1.0),
@@ -226,7 +232,7 @@ def generate_task_pool(difficulty: str = "easy", split: str = "train") -> list[T
     raise TaskError(f"unknown difficulty {difficulty!r}; choose one of {DIFFICULTIES}")
   if split not in SPLITS:
     raise TaskError(f"unknown split {split!r}; choose one of {SPLITS}")
-  families = _EASY_FAMILIES if difficulty == "easy" else FAMILIES
+  families = _EASY_FAMILIES if difficulty in ("hinted", "easy") else FAMILIES
   pool = []
   for t in TEMPLATES:
     for m in t.modules:

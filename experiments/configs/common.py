@@ -1,0 +1,106 @@
+"""Shared defaults of every training config; files override what differs."""
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  c.model = ml_collections.ConfigDict()
+  c.model.preset = "tiny"      # a preset name, or
+  c.model.checkpoint = ""      # a Hugging Face checkpoint directory (overrides preset)
+  c.model.tokenizer = ""       # default: the checkpoint's, or the bundled one for presets
+  c.model.remat = False
+
+  c.tasks = ml_collections.ConfigDict()
+  c.tasks.source = "synthetic"  # "synthetic" or a TFDS task dataset directory
+  c.tasks.difficulty = "hinted"
+  c.tasks.num_train = 160
+  c.tasks.num_val = 48
+
+  c.harness = ml_collections.ConfigDict()
+  c.harness.name = "builtin"
+  c.harness.eval_name = ""      # validation harness (default: harness.name)
+  c.harness.max_turns = 4
+  c.harness.timeout_s = 120.0
+
+  c.sandbox = ml_collections.ConfigDict()
+  c.sandbox.backend = "local"
+
+  c.sampling = ml_collections.ConfigDict()
+  c.sampling.temperature = 1.0
+  c.sampling.max_tokens = 128
+
+  c.engine = ml_collections.ConfigDict()
+  c.engine.max_batch = 16
+  c.engine.max_len = 1024
+  c.engine.prefill_buckets = (64, 256, 512)
+  c.engine.decode_chunk = 16
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.tasks_per_step = 8
+  c.rollout.samples_per_task = 8
+  c.rollout.concurrency = 16
+  c.rollout.max_retries = 2
+  c.rollout.overlong = "keep"
+  c.rollout.overlong_penalty = 1.0
+  c.rollout.overlong_buffer = 0
+  c.rollout.max_sampled_tokens = 0
+  c.rollout.drop_zero_variance = False
+  c.rollout.mask_broken_groups = True
+
+  c.advantage = ml_collections.ConfigDict()
+  c.advantage.name = "grpo"
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.name = "grpo"
+  c.loss.temperature = 1.0       # must equal sampling.temperature (checked)
+  c.loss.clip_eps_low = 0.2
+  c.loss.clip_eps_high = 0.28
+  c.loss.aggregation = "token-mean"
+  c.loss.is_correction = "none"  # "tis" in async mode
+  c.loss.tis_cap = 2.0
+  c.loss.kl_coef = 0.0
+  c.loss.entropy_coef = 0.0
+  c.loss.vf_coef = 0.0
+
+  c.trainer = ml_collections.ConfigDict()
+  c.trainer.mode = "sync"        # "sync" | "async"
+  c.trainer.max_staleness = 1
+  c.trainer.steps = 12
+  c.trainer.micro_batches = 8    # bounds activation memory: rows_per_batch / 8 rows at a time
+  c.trainer.logprob_impl = "xla"
+  c.trainer.buckets = (512, 1024)
+  c.trainer.rows_per_batch = 64
+  c.trainer.pack = False
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.learning_rate = 2e-4
+  c.optim.schedule = "constant"
+  c.optim.warmup_steps = 0
+  c.optim.total_steps = 0
+  c.optim.max_grad_norm = 1.0
+  c.optim.weight_decay = 0.0
+
+  c.sft = ml_collections.ConfigDict()
+  c.sft.steps = 300
+  c.sft.num_demos = 160
+  c.sft.learning_rate = 3e-3
+  c.sft.rows_per_batch = 16
+  c.sft.demos = ""               # a demos.jsonl to train on instead of collecting
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every = 0               # 0: before and after RL only
+  c.eval.samples = 4             # samples per task at the sampling temperature (pass@k)
+  c.eval.greedy = True
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 4
+  c.checkpoint.keep = 2
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = 1
+  c.mesh.fsdp = -1
+  c.mesh.tensor = 1
+  return c

@@ -1,0 +1,80 @@
+"""Training curves as a dependency-free SVG (also embedded by the dashboard)."""
+
+from __future__ import annotations
+
+import html
+import os
+from typing import Sequence
+
+from legorl_jax.metrics.writer import read_metrics
+
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf")
+
+
+def line_chart_svg(series: dict[str, Sequence[tuple[float, float]]], title: str,
+                   width: int = 560, height: int = 260, y_range=None) -> str:
+  """One SVG chart; ``series``: name -> [(x, y), ...]. Points are also drawn as dots."""
+  pts = [p for s in series.values() for p in s if p[1] is not None]
+  pad_l, pad_r, pad_t, pad_b = 48, 12, 28, 30
+  w, h = width - pad_l - pad_r, height - pad_t - pad_b
+  out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+         f'class="chart" data-title="{html.escape(title)}">',
+         f'<rect width="{width}" height="{height}" fill="white"/>',
+         f'<text x="{pad_l}" y="18" font-size="13" font-family="sans-serif">{html.escape(title)}</text>']
+  if not pts:
+    out.append(f'<text x="{pad_l}" y="{pad_t + h / 2}" font-size="12">no data</text></svg>')
+    return "".join(out)
+  xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+  x0, x1 = min(xs), max(xs)
+  y0, y1 = y_range if y_range else (min(ys), max(ys))
+  x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1e-9 + abs(y0) * 0.1 + 1e-3)
+  sx = lambda x: pad_l + (x - x0) / (x1 - x0) * w  # noqa: E731
+  sy = lambda y: pad_t + h - (y - y0) / (y1 - y0) * h  # noqa: E731
+  out.append(f'<line x1="{pad_l}" y1="{pad_t + h}" x2="{pad_l + w}" y2="{pad_t + h}" stroke="#888"/>')
+  out.append(f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{pad_t + h}" stroke="#888"/>')
+  for v in (y0, (y0 + y1) / 2, y1):
+    out.append(f'<text x="4" y="{sy(v) + 4:.1f}" font-size="10" font-family="sans-serif">{v:.3g}</text>')
+  out.append(f'<text x="{pad_l}" y="{height - 8}" font-size="10" font-family="sans-serif">{x0:g}</text>')
+  out.append(f'<text x="{pad_l + w - 20}" y="{height - 8}" font-size="10" font-family="sans-serif">{x1:g}</text>')
+  for i, (name, s) in enumerate(series.items()):
+    s = [(x, y) for x, y in s if y is not None]
+    if not s:
+      continue
+    c = _COLORS[i % len(_COLORS)]
+    path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
+    out.append(f'<polyline class="curve" data-series="{html.escape(name)}" fill="none" '
+               f'stroke="{c}" stroke-width="2" points="{path}"/>')
+    out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{c}"/>' for x, y in s]
+    out.append(f'<text x="{pad_l + w - 150}" y="{pad_t + 14 * (i + 1)}" font-size="11" fill="{c}" '
+               f'font-family="sans-serif">{html.escape(name)}</text>')
+  out.append("</svg>")
+  return "".join(out)
+
+
+def curves(metrics: list[dict]) -> dict[str, dict[str, list[tuple[float, float]]]]:
+  """Chart title -> series from ``metrics.jsonl`` rows."""
+  train = [m for m in metrics if m.get("phase") == "train"]
+  ev = [m for m in metrics if m.get("phase") == "eval"]
+  sft = [m for m in metrics if m.get("phase") == "sft"]
+  pick = lambda rows, k: [(r["step"], r.get(k)) for r in rows if r.get(k) is not None]  # noqa: E731
+  return {
+      "Solve rate": {"train (sampled)": pick(train, "solve_rate"),
+                     "held-out (sampled)": pick(ev, "solve_rate"),
+                     "held-out (greedy)": pick(ev, "greedy_solve_rate")},
+      "Policy loss": {"loss/policy": pick(train, "loss/policy")},
+      "Entropy": {"entropy": pick(train, "entropy")},
+      "Sampler vs learner |dlogp|": {"mean": pick(train, "rollout_abs_dlogp"),
+                                     "max": pick(train, "rollout_abs_dlogp_max")},
+      "SFT NLL": {"nll": pick(sft, "nll")},
+      "Throughput": {"trials/h": pick(train, "trials_per_hour")},
+  }
+
+
+def write_curves(workdir: str) -> str:
+  """Writes ``workdir/curves.svg`` (solve-rate chart) and returns its path."""
+  charts = curves(read_metrics(workdir))
+  svg = line_chart_svg(charts["Solve rate"], "Solve rate", y_range=(0.0, 1.0))
+  path = os.path.join(workdir, "curves.svg")
+  with open(path, "w") as f:
+    f.write(svg)
+  return path

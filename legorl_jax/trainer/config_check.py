@@ -1,0 +1,69 @@
+"""Fail at start, with the key named, on a config that cannot work."""
+
+from __future__ import annotations
+
+from legorl_jax import errors
+from legorl_jax.rl.advantages import ADVANTAGE_ESTIMATORS
+from legorl_jax.rl.losses import POLICY_LOSSES
+from legorl_jax.rollout.filters import OVERLONG_MODES
+
+_CHOICES = {
+    "trainer.mode": ("sync", "async"),
+    "sandbox.backend": ("local", "docker"),
+    "rollout.overlong": OVERLONG_MODES,
+    "loss.is_correction": ("none", "tis", "mis"),
+    "loss.aggregation": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                         "seq-mean-token-sum-norm"),
+    "trainer.logprob_impl": ("xla", "pallas", "reference", None),
+}
+_POSITIVE = ("rollout.tasks_per_step", "rollout.samples_per_task", "rollout.concurrency",
+             "trainer.rows_per_batch", "trainer.micro_batches", "engine.max_batch",
+             "engine.max_len", "sampling.max_tokens", "harness.max_turns", "eval.samples")
+_NON_NEGATIVE = ("trainer.steps", "sft.steps", "rollout.max_retries", "optim.learning_rate",
+                 "sampling.temperature", "checkpoint.every", "eval.every")
+
+
+def _get(cfg, dotted):
+  node = cfg
+  for part in dotted.split("."):
+    if part not in node:
+      raise errors.ConfigError(f"config key {dotted!r} is missing; start from a file in "
+                               "experiments/configs/ and override with --config.KEY=VALUE.")
+    node = node[part]
+  return node
+
+
+def validate(cfg) -> None:
+  for key, choices in _CHOICES.items():
+    v = _get(cfg, key)
+    if v not in choices:
+      raise errors.ConfigError(f"config {key}={v!r} is invalid; choose one of {list(choices)}.")
+  for key in _POSITIVE:
+    if not _get(cfg, key) > 0:
+      raise errors.ConfigError(f"config {key}={_get(cfg, key)!r} must be > 0.")
+  for key in _NON_NEGATIVE:
+    if not _get(cfg, key) >= 0:
+      raise errors.ConfigError(f"config {key}={_get(cfg, key)!r} must be >= 0.")
+  if cfg.loss.name not in POLICY_LOSSES:
+    raise errors.ConfigError(f"config loss.name={cfg.loss.name!r} is invalid; choose one of "
+                             f"{sorted(POLICY_LOSSES)}.")
+  if cfg.advantage.name not in ADVANTAGE_ESTIMATORS:
+    raise errors.ConfigError(f"config advantage.name={cfg.advantage.name!r} is invalid; choose "
+                             f"one of {sorted(ADVANTAGE_ESTIMATORS)}.")
+  if abs(float(cfg.loss.temperature) - float(cfg.sampling.temperature)) > 1e-9 and \
+      float(cfg.sampling.temperature) > 0:
+    raise errors.ConfigError(
+        f"config loss.temperature={cfg.loss.temperature} differs from sampling.temperature="
+        f"{cfg.sampling.temperature}: the learner must score tokens at the temperature they were "
+        "sampled with; set both to the same value.")
+  if int(cfg.rollout.samples_per_task) < 2 and cfg.advantage.name in ("grpo", "rloo", "dr_grpo"):
+    raise errors.ConfigError(f"config rollout.samples_per_task={cfg.rollout.samples_per_task} "
+                             f"must be >= 2 for the group baseline of advantage.name={cfg.advantage.name!r}.")
+  if int(cfg.engine.max_len) < int(cfg.sampling.max_tokens) + 64:
+    raise errors.ConfigError(f"config engine.max_len={cfg.engine.max_len} leaves no room for "
+                             f"prompts with sampling.max_tokens={cfg.sampling.max_tokens}.")
+  if cfg.trainer.mode == "async" and cfg.trainer.get("max_staleness") is None:
+    raise errors.ConfigError("config trainer.max_staleness must be set in async mode.")
+  if int(cfg.trainer.rows_per_batch) % int(cfg.trainer.micro_batches):
+    raise errors.ConfigError(f"config trainer.micro_batches={cfg.trainer.micro_batches} must divide "
+                             f"trainer.rows_per_batch={cfg.trainer.rows_per_batch}.")

@@ -1,0 +1,97 @@
+"""The learner object the loops drive: state on the mesh, one jitted update, weight export.
+
+Everything on device goes through two jitted functions (``train_step``, ``logprobs``); the
+class only keeps the state and hands out parameter copies for the sampler (a device-side copy,
+because the update donates its input buffers).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from legorl_jax.models.params import split_model
+from legorl_jax.sharding import make_mesh
+from legorl_jax.trainer import optimizer as opt_lib
+from legorl_jax.trainer import state as state_lib
+from legorl_jax.trainer import train_step as ts
+
+
+@jax.jit
+def _device_copy(tree):
+  return jax.tree.map(jnp.copy, tree)
+
+
+class Learner:
+  """Holds ``TrainState`` (sharded over ``cfg.mesh``) and applies updates."""
+
+  def __init__(self, model, cfg, seed: int = 0):
+    self.cfg = cfg
+    self.model_def, params = split_model(model)
+    self.optimizer = opt_lib.make_optimizer(cfg.optim)
+    state = state_lib.create_train_state(params, self.optimizer, seed=seed)
+    mesh_cfg = cfg.get("mesh", None)
+    self.mesh = None
+    step_fn = ts.make_train_step(self.model_def, self.optimizer, cfg)
+    if mesh_cfg is not None and jax.device_count() > 1:
+      self.mesh = make_mesh(mesh_cfg.get("data", 1), mesh_cfg.get("fsdp", -1), mesh_cfg.get("tensor", 1))
+      self.state_sh = state_lib.state_shardings(state, self.model_def, self.mesh)
+      state = jax.device_put(state, self.state_sh)
+      self._step = None
+      self._step_fn = step_fn
+    else:
+      self.state_sh = None
+      self._step = jax.jit(step_fn, donate_argnums=(0,))
+    self.state = state
+    self._logprob = jax.jit(ts.make_logprob_fn(
+        self.model_def, temperature=float(cfg.loss.get("temperature", 1.0)),
+        impl=cfg.trainer.get("logprob_impl", None)))
+
+  @property
+  def step(self) -> int:
+    return int(self.state.step)
+
+  def _jitted(self, batch):
+    if self._step is not None:
+      return self._step
+    return ts.jit_train_step(self._step_fn, self.state_sh, ts.batch_shardings(batch, self.mesh))
+
+  def update(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """One optimizer update per batch; returns metrics merged over the batches (sums and
+    counts add, maxima max) plus ``learner_tokens`` and ``learner_time_s``."""
+    merged, t0, tokens = {}, time.perf_counter(), 0
+    for i, batch in enumerate(batches):
+      dev = {k: jnp.asarray(v) for k, v in batch.items()}
+      self.state, m = self._jitted(dev)(self.state, dev)
+      m = {k: float(v) for k, v in m.items()}
+      tokens += int(np.sum(batch["segment_ids"] > 0))
+      for k, v in m.items():
+        if k not in merged:
+          merged[k] = v
+        elif k.endswith(("_max", "_p99")):
+          merged[k] = max(merged[k], v)
+        elif k in ("tokens", "seqs"):
+          merged[k] += v
+        else:  # means (already finalised per update): average over updates
+          merged[k] = merged[k] + (v - merged[k]) / (i + 1)
+    merged["learner_tokens"] = tokens
+    merged["learner_time_s"] = time.perf_counter() - t0
+    merged["learner_tokens_per_s"] = tokens / max(merged["learner_time_s"], 1e-9)
+    return merged
+
+  def logprobs(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Teacher-forced (logp, entropy) ``[B, T]`` aligned with tokens, current parameters."""
+    dev = {k: jnp.asarray(v) for k, v in batch.items()}
+    logp, ent = self._logprob(self.state.params, dev)
+    return np.asarray(logp), np.asarray(ent)
+
+  def params_copy(self):
+    """A device-side copy of the policy parameters (safe to hand to the sampler)."""
+    return _device_copy(self.state.params)
+
+  def model(self):
+    """The current policy as a Decoder (over a parameter copy)."""
+    return self.model_def.merge(self.params_copy())

@@ -1,0 +1,257 @@
+"""The training run, top to bottom: tasks -> policy -> SFT warm start -> eval -> RL -> eval.
+
+Every phase writes into ``workdir``: ``metrics.jsonl`` (+ TensorBoard), ``trials.jsonl`` per
+phase directory (``sft_demos/``, ``eval/<name>/``, ``rollouts/``), orbax checkpoints in
+``checkpoints/`` and ``summary.json``. Starting again with the same ``workdir`` resumes from
+the latest checkpoint (after SFT: the SFT phase is not repeated; during RL: the step, optimizer,
+RNG and task position continue).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+import jax
+import ml_collections
+import numpy as np
+
+from legorl_jax import errors
+from legorl_jax.harnesses import registry as harness_registry
+from legorl_jax.metrics.writer import MetricsWriter
+from legorl_jax.models import create_model, from_pretrained, get_preset
+from legorl_jax.models import tokenizer as tok_lib
+from legorl_jax.models.params import split_model
+from legorl_jax.rollout.runner import TrialJob, run_trials
+from legorl_jax.rollout.trial import TrialConfig
+from legorl_jax.sandbox import SandboxConfig
+from legorl_jax.tasks import synthetic
+from legorl_jax.tasks.loader import TaskLoader
+from legorl_jax.trainer import config_check, rl_loop, sft as sft_lib
+from legorl_jax.trainer.checkpoint import Checkpointer
+from legorl_jax.trainer.learner import Learner
+from legorl_jax.trainer.policy_service import PolicyService
+
+log = logging.getLogger(__name__)
+
+
+def build_policy(cfg):
+  """(model, tokenizer) from ``cfg.model``."""
+  if cfg.model.checkpoint:
+    model = from_pretrained(cfg.model.checkpoint, remat=bool(cfg.model.remat))
+    tokenizer = tok_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.checkpoint)
+  else:
+    model = create_model(get_preset(cfg.model.preset, remat=bool(cfg.model.remat)), seed=int(cfg.seed))
+    tokenizer = tok_lib.load_tokenizer(cfg.model.tokenizer or None)
+  return model, tokenizer
+
+
+def load_tasks(cfg):
+  """(train loader, validation tasks)."""
+  if cfg.tasks.source == "synthetic":
+    train = synthetic.generate_tasks(int(cfg.tasks.num_train), seed=int(cfg.seed),
+                                     difficulty=cfg.tasks.difficulty, split="train")
+    val = synthetic.generate_tasks(int(cfg.tasks.num_val), seed=int(cfg.seed),
+                                   difficulty=cfg.tasks.difficulty, split="validation")
+    return TaskLoader(train, seed=int(cfg.seed)), val, train
+  loader = TaskLoader.from_tfds(cfg.tasks.source, "train", seed=int(cfg.seed))
+  val_loader = TaskLoader.from_tfds(cfg.tasks.source, "validation", seed=int(cfg.seed), shuffle=False)
+  val = val_loader.next_batch(min(len(val_loader), int(cfg.tasks.num_val)))
+  return loader, val, None
+
+
+def _with(cfg, **sections):
+  """A copy of ``cfg`` with some sections' fields replaced."""
+  c = ml_collections.ConfigDict(cfg.to_dict())
+  for section, fields in sections.items():
+    for k, v in fields.items():
+      c[section][k] = v
+  return c
+
+
+def evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir) -> dict:
+  """Validation solve rate at the sampling temperature (``eval.samples`` per task, pass@k)
+  and, optionally, greedy."""
+  n = int(cfg.eval.samples)
+  proxy = service.proxy("sample", float(cfg.sampling.temperature))
+  jobs = [TrialJob(t, adapter, group=i) for i, t in enumerate(tasks) for _ in range(n)]
+  res = run_trials(jobs, proxy, trial_cfg, os.path.join(out_dir, "sampled"),
+                   concurrency=int(cfg.rollout.concurrency), max_retries=int(cfg.rollout.max_retries))
+  stats = rl_loop.solve_stats(res, k_values=sorted({1, n}))
+  out = {"solve_rate": stats["solve_rate"], f"pass@{n}": stats.get(f"pass@{n}", stats["solve_rate"]),
+         "n_trials": stats["n_trials"]}
+  if cfg.eval.greedy:
+    proxy = service.proxy("greedy", 0.0)
+    jobs = [TrialJob(t, adapter, group=i) for i, t in enumerate(tasks)]
+    res = run_trials(jobs, proxy, trial_cfg, os.path.join(out_dir, "greedy"),
+                     concurrency=int(cfg.rollout.concurrency), max_retries=int(cfg.rollout.max_retries))
+    out["greedy_solve_rate"] = rl_loop.solve_stats(res)["solve_rate"]
+  return out
+
+
+def run(cfg, workdir: str) -> dict:
+  config_check.validate(cfg)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(cfg.to_json(indent=2))
+  writer = MetricsWriter(workdir)
+  t_start = time.perf_counter()
+  model, tokenizer = build_policy(cfg)
+  loader, val_tasks, train_tasks = load_tasks(cfg)
+  chooser = harness_registry.HarnessChooser.from_spec(cfg.harness.name,
+                                                     validation=cfg.harness.eval_name or None)
+  adapters = {name: harness_registry.get_adapter(name) for name in chooser.harnesses}
+  for a in adapters.values():
+    a.check_installed()
+  rng = np.random.default_rng(int(cfg.seed))
+  adapter_for = lambda task: adapters[chooser.choose(task, rng)]  # noqa: E731
+  eval_adapter = adapters[chooser.validation]
+  trial_cfg = TrialConfig(harness_timeout_s=float(cfg.harness.timeout_s),
+                          max_turns=int(cfg.harness.max_turns),
+                          sandbox=SandboxConfig(backend=cfg.sandbox.backend))
+  sockets = os.path.join(workdir, "sockets")
+  rl_cfg = cfg
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(cfg.checkpoint.keep))
+  learner = Learner(model, rl_cfg, seed=int(cfg.seed))
+  host = {"phase": "sft", "rl_step": 0, "loader": loader.state_dict(), "before": None,
+          "version": 0}
+  if ckpt.latest_step() is not None:
+    learner.state, host, _ = ckpt.restore(learner.state)
+    loader.load_state_dict(host["loader"])
+    log.info("resumed at phase %s, RL step %d", host["phase"], host["rl_step"])
+    print(f"Resumed {workdir} at phase {host['phase']}, RL step {host['rl_step']}.", flush=True)
+
+  summary: dict = {}
+  # -- SFT warm start -------------------------------------------------------------------------
+  if host["phase"] == "sft":
+    if int(cfg.sft.steps) > 0:
+      t0 = time.perf_counter()
+      if cfg.sft.demos:
+        demos = sft_lib.load_demonstrations(cfg.sft.demos)
+      else:
+        demo_tasks = (train_tasks or loader.next_batch(int(cfg.sft.num_demos)))[:int(cfg.sft.num_demos)]
+        demos = sft_lib.collect_demonstrations(
+            demo_tasks, adapter_for, tokenizer, trial_cfg, os.path.join(workdir, "sft_demos"), sockets,
+            concurrency=int(cfg.rollout.concurrency))
+      t_demo = time.perf_counter() - t0
+      sft_cfg = _with(cfg, loss={"name": "reinforce", "is_correction": "none", "kl_coef": 0.0,
+                                 "entropy_coef": 0.0},
+                      optim={"learning_rate": float(cfg.sft.learning_rate), "schedule": "constant"},
+                      trainer={"rows_per_batch": int(cfg.sft.rows_per_batch)})
+      sft_learner = Learner(learner.model(), sft_cfg, seed=int(cfg.seed))
+
+      def on_step(step, m):
+        if step % 10 == 0 or step == int(cfg.sft.steps) - 1:
+          writer.write(step, m, phase="sft")
+          print(f"[sft {step:4d}] nll {m['nll']:.4f} ({m['learner_tokens_per_s']:.0f} tok/s)", flush=True)
+
+      last = sft_lib.run_sft(sft_learner, demos, sft_cfg, steps=int(cfg.sft.steps), seed=int(cfg.seed),
+                             on_step=on_step)
+      learner = Learner(sft_learner.model(), rl_cfg, seed=int(cfg.seed))
+      summary.update(sft_demos=len(demos), sft_final_nll=last.get("nll"),
+                     sft_demo_collection_s=t_demo, sft_s=time.perf_counter() - t0)
+    host["phase"] = "eval_before"
+    ckpt.save(0, learner.state, host=host, force=True)
+    ckpt.wait()
+
+  service = PolicyService(learner.model(), tokenizer, cfg, sockets)
+  try:
+    if host["phase"] == "eval_before":
+      # Its result lives beside the step-0 checkpoint, so a resumed run does not redo it.
+      before_path = os.path.join(workdir, "eval", "before_rl", "result.json")
+      if os.path.exists(before_path):
+        with open(before_path) as f:
+          before = json.load(f)
+      else:
+        t0 = time.perf_counter()
+        before = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
+                          os.path.join(workdir, "eval", "before_rl"))
+        before["eval_s"] = time.perf_counter() - t0
+        writer.write(0, before, phase="eval")
+        with open(before_path, "w") as f:
+          json.dump(before, f)
+      print(f"[eval before RL] {json.dumps(before)}", flush=True)
+      host.update(phase="rl", before=before)
+
+    # -- RL -----------------------------------------------------------------------------------
+    rl_summary = _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, host,
+                     workdir, val_tasks, eval_adapter)
+    summary.update(rl_summary)
+
+    after = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
+                     os.path.join(workdir, "eval", "after_rl"))
+    writer.write(host["rl_step"], after, phase="eval")
+    print(f"[eval after RL] {json.dumps(after)}", flush=True)
+  finally:
+    service.close()
+    ckpt.close()
+    writer.close()
+
+  before = host["before"] or {}
+  n = int(cfg.eval.samples)
+  summary.update({
+      "val_solve_rate_before_rl": before.get("solve_rate"),
+      "val_solve_rate_after_rl": after["solve_rate"],
+      "val_greedy_solve_rate_before_rl": before.get("greedy_solve_rate"),
+      "val_greedy_solve_rate_after_rl": after.get("greedy_solve_rate"),
+      f"val_pass@{n}_before_rl": before.get(f"pass@{n}"),
+      f"val_pass@{n}_after_rl": after.get(f"pass@{n}"),
+      "val_tasks": len(val_tasks), "eval_samples_per_task": n,
+      "rl_steps": host["rl_step"], "mode": cfg.trainer.mode,
+      "wall_s": time.perf_counter() - t_start,
+  })
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2, sort_keys=True)
+  return summary
+
+
+def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, host, workdir,
+        val_tasks, eval_adapter) -> dict:
+  from legorl_jax.metrics.progress import TrialProgress
+
+  steps = int(cfg.trainer.steps)
+  if host["rl_step"] >= steps:
+    return {}
+  if service.params_version < host.get("version", 0):
+    service.update_params(learner.params_copy(), version=host["version"])
+  proxy = service.proxy("sample", float(cfg.sampling.temperature))
+  progress = TrialProgress(total=steps * int(cfg.rollout.tasks_per_step) * int(cfg.rollout.samples_per_task),
+                           initial=host["rl_step"] * int(cfg.rollout.tasks_per_step) * int(cfg.rollout.samples_per_task),
+                           queue_depth=lambda: service.engine.stats().get("queued", 0))
+  source = rl_loop.RolloutSource(loader, adapter_for, proxy, trial_cfg, cfg,
+                                 os.path.join(workdir, "rollouts"), progress=progress.update)
+  producer = rl_loop.AsyncRollouts(source) if cfg.trainer.mode == "async" else None
+  t0 = time.perf_counter()
+  busy = 0.0
+  try:
+    while host["rl_step"] < steps:
+      step = host["rl_step"] + 1
+      results, wall, position_after = producer.get() if producer else source.collect()
+      batches, bm = rl_loop.build_batches(results, cfg, service.params_version)
+      t1 = time.perf_counter()
+      lm = learner.update(batches) if batches else {}
+      version = service.update_params(learner.params_copy())
+      busy += time.perf_counter() - t1
+      metrics = {**rl_loop.rollout_metrics(results, wall), **bm, **lm, "params_version": version,
+                 "learner_utilisation": busy / max(time.perf_counter() - t0, 1e-9)}
+      writer.write(step, metrics, phase="train")
+      print(f"[rl {step:3d}] solve {metrics['solve_rate']:.3f} reward {bm['reward_mean']:.3f} "
+            f"loss {lm.get('loss/policy', float('nan')):.4f} "
+            f"trials/h {metrics['trials_per_hour']:.0f} |dlogp| {lm.get('rollout_abs_dlogp', float('nan')):.2e}",
+            flush=True)
+      host.update(rl_step=step, loader=position_after, version=version)
+      if step % max(1, int(cfg.checkpoint.every)) == 0 or step == steps:
+        ckpt.save(step, learner.state, host=host, metrics={"solve_rate": metrics["solve_rate"]})
+      if int(cfg.eval.every) and step % int(cfg.eval.every) == 0 and step != steps:
+        ev = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
+                      os.path.join(workdir, "eval", f"step_{step}"))
+        writer.write(step, ev, phase="eval")
+  finally:
+    if producer is not None:
+      producer.close()
+    progress.close()
+  elapsed = time.perf_counter() - t0
+  return {"rl_s": elapsed, "learner_utilisation": busy / max(elapsed, 1e-9)}

@@ -1,0 +1,73 @@
+"""Supervised warm start from recorded trajectories (e.g. scripted demonstrations).
+
+Demonstrations are collected through the real harness and proxy, so the policy learns the
+exact token sequences the harness will show it. The loss is the token-mean negative
+log-likelihood of the sampled (loss-mask 1) tokens: REINFORCE with advantage 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Callable, Sequence
+
+import numpy as np
+
+from legorl_jax.harnesses.scripted import ScriptedPolicy, patches_by_instruction
+from legorl_jax.rewards import status as st
+from legorl_jax.rollout import batching
+from legorl_jax.rollout.runner import TrialJob, run_trials
+from legorl_jax.rollout.trial import TrialConfig
+from legorl_jax.trainer.policy_service import scripted_proxy
+
+log = logging.getLogger(__name__)
+
+
+def collect_demonstrations(tasks: Sequence, adapter_for: Callable, tokenizer,
+                           trial_cfg: TrialConfig, out_dir: str, socket_dir: str,
+                           concurrency: int = 2) -> list[dict]:
+  """Runs the scripted gold-patch policy through ``adapter_for(task)`` on ``tasks``; returns the
+  trajectories of solved trials (and writes them to ``out_dir/demos.jsonl``)."""
+  policy = ScriptedPolicy(patches_by_instruction(tasks))
+  proxy = scripted_proxy(tokenizer, policy.reply, socket_dir, name="demos")
+  try:
+    results = run_trials([TrialJob(t, adapter_for(t), group=i) for i, t in enumerate(tasks)], proxy,
+                         trial_cfg, out_dir, concurrency=concurrency, max_retries=2)
+  finally:
+    proxy.stop()
+  demos = [r.trajectory for r in results if r.status == st.SOLVED and r.trajectory]
+  with open(os.path.join(out_dir, "demos.jsonl"), "w") as f:
+    for d in demos:
+      f.write(json.dumps({"segments": d["segments"]}) + "\n")
+  log.info("collected %d/%d solved demonstrations", len(demos), len(results))
+  return demos
+
+
+def load_demonstrations(path: str) -> list[dict]:
+  """Trajectories from a ``demos.jsonl`` (one ``{"segments": [...]}`` per line)."""
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
+            on_step: Callable[[int, dict], None] | None = None) -> dict:
+  """``steps`` updates on demonstration sequences sampled (seeded) with replacement.
+
+  ``learner`` must be built with ``loss.name = "reinforce"`` (NLL at advantage 1).
+  """
+  seqs = [s for d in demos for s in batching.sequences_from_trajectory(d, advantage=1.0)]
+  if not seqs:
+    raise ValueError("no demonstration sequences to train on (did every demo trial fail?)")
+  rng = np.random.default_rng(seed)
+  rows = int(cfg.trainer.rows_per_batch)
+  last = {}
+  for step in range(steps):
+    pick = [seqs[i] for i in rng.integers(0, len(seqs), rows)]
+    batches, _ = batching.make_batches(pick, buckets=tuple(cfg.trainer.buckets), rows_per_batch=rows,
+                                       pack=bool(cfg.trainer.get("pack", False)))
+    last = learner.update(batches)
+    last["nll"] = last.get("loss/policy", 0.0)  # REINFORCE at advantage 1 is the token NLL
+    if on_step is not None:
+      on_step(step, last)
+  return last
