@@ -72,14 +72,26 @@ def _with(cfg, **sections):
   return c
 
 
-def evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir) -> dict:
+def sft_config(cfg):
+  """The learner config of the SFT phase: token NLL (REINFORCE at advantage 1), SFT optimizer."""
+  return _with(cfg, loss={"name": "reinforce", "is_correction": "none", "kl_coef": 0.0,
+                          "entropy_coef": 0.0},
+               optim={"learning_rate": float(cfg.sft.learning_rate), "schedule": "constant"},
+               trainer={"rows_per_batch": int(cfg.sft.rows_per_batch),
+                        "micro_batches": min(int(cfg.trainer.micro_batches), int(cfg.sft.rows_per_batch))})
+
+
+def evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir, *, trials_path=None, step=0,
+             phase="eval") -> dict:
   """Validation solve rate at the sampling temperature (``eval.samples`` per task, pass@k)
-  and, optionally, greedy."""
+  and, optionally, greedy. Trials are also appended to ``trials_path`` when given."""
   n = int(cfg.eval.samples)
   proxy = service.proxy("sample", float(cfg.sampling.temperature))
   jobs = [TrialJob(t, adapter, group=i) for i, t in enumerate(tasks) for _ in range(n)]
   res = run_trials(jobs, proxy, trial_cfg, os.path.join(out_dir, "sampled"),
                    concurrency=int(cfg.rollout.concurrency), max_retries=int(cfg.rollout.max_retries))
+  if trials_path:
+    rl_loop.append_trials(trials_path, res, step=step, phase=phase, temperature=cfg.sampling.temperature)
   stats = rl_loop.solve_stats(res, k_values=sorted({1, n}))
   out = {"solve_rate": stats["solve_rate"], f"pass@{n}": stats.get(f"pass@{n}", stats["solve_rate"]),
          "n_trials": stats["n_trials"]}
@@ -88,6 +100,8 @@ def evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir) -> dict:
     jobs = [TrialJob(t, adapter, group=i) for i, t in enumerate(tasks)]
     res = run_trials(jobs, proxy, trial_cfg, os.path.join(out_dir, "greedy"),
                      concurrency=int(cfg.rollout.concurrency), max_retries=int(cfg.rollout.max_retries))
+    if trials_path:
+      rl_loop.append_trials(trials_path, res, step=step, phase=phase, temperature=0.0)
     out["greedy_solve_rate"] = rl_loop.solve_stats(res)["solve_rate"]
   return out
 
@@ -113,6 +127,7 @@ def run(cfg, workdir: str) -> dict:
                           max_turns=int(cfg.harness.max_turns),
                           sandbox=SandboxConfig(backend=cfg.sandbox.backend))
   sockets = os.path.join(workdir, "sockets")
+  trials_path = os.path.join(workdir, "trials.jsonl")
   rl_cfg = cfg
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(cfg.checkpoint.keep))
   learner = Learner(model, rl_cfg, seed=int(cfg.seed))
@@ -137,10 +152,7 @@ def run(cfg, workdir: str) -> dict:
             demo_tasks, adapter_for, tokenizer, trial_cfg, os.path.join(workdir, "sft_demos"), sockets,
             concurrency=int(cfg.rollout.concurrency))
       t_demo = time.perf_counter() - t0
-      sft_cfg = _with(cfg, loss={"name": "reinforce", "is_correction": "none", "kl_coef": 0.0,
-                                 "entropy_coef": 0.0},
-                      optim={"learning_rate": float(cfg.sft.learning_rate), "schedule": "constant"},
-                      trainer={"rows_per_batch": int(cfg.sft.rows_per_batch)})
+      sft_cfg = sft_config(cfg)
       sft_learner = Learner(learner.model(), sft_cfg, seed=int(cfg.seed))
 
       def on_step(step, m):
@@ -168,7 +180,8 @@ def run(cfg, workdir: str) -> dict:
       else:
         t0 = time.perf_counter()
         before = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
-                          os.path.join(workdir, "eval", "before_rl"))
+                          os.path.join(workdir, "eval", "before_rl"), trials_path=trials_path,
+                          step=0, phase="eval_before_rl")
         before["eval_s"] = time.perf_counter() - t0
         writer.write(0, before, phase="eval")
         with open(before_path, "w") as f:
@@ -178,11 +191,12 @@ def run(cfg, workdir: str) -> dict:
 
     # -- RL -----------------------------------------------------------------------------------
     rl_summary = _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, host,
-                     workdir, val_tasks, eval_adapter)
+                     workdir, val_tasks, eval_adapter, trials_path)
     summary.update(rl_summary)
 
     after = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
-                     os.path.join(workdir, "eval", "after_rl"))
+                     os.path.join(workdir, "eval", "after_rl"), trials_path=trials_path,
+                     step=host["rl_step"], phase="eval_after_rl")
     writer.write(host["rl_step"], after, phase="eval")
     print(f"[eval after RL] {json.dumps(after)}", flush=True)
   finally:
@@ -209,7 +223,7 @@ def run(cfg, workdir: str) -> dict:
 
 
 def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, host, workdir,
-        val_tasks, eval_adapter) -> dict:
+        val_tasks, eval_adapter, trials_path) -> dict:
   from legorl_jax.metrics.progress import TrialProgress
 
   steps = int(cfg.trainer.steps)
@@ -223,6 +237,7 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
                            queue_depth=lambda: service.engine.stats().get("queued", 0))
   source = rl_loop.RolloutSource(loader, adapter_for, proxy, trial_cfg, cfg,
                                  os.path.join(workdir, "rollouts"), progress=progress.update)
+  source.next_step = host["rl_step"] + 1
   producer = rl_loop.AsyncRollouts(source) if cfg.trainer.mode == "async" else None
   t0 = time.perf_counter()
   busy = 0.0
@@ -230,6 +245,7 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
     while host["rl_step"] < steps:
       step = host["rl_step"] + 1
       results, wall, position_after = producer.get() if producer else source.collect()
+      rl_loop.append_trials(trials_path, results, step=step, phase="rl")
       batches, bm = rl_loop.build_batches(results, cfg, service.params_version)
       t1 = time.perf_counter()
       lm = learner.update(batches) if batches else {}
@@ -247,7 +263,8 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
         ckpt.save(step, learner.state, host=host, metrics={"solve_rate": metrics["solve_rate"]})
       if int(cfg.eval.every) and step % int(cfg.eval.every) == 0 and step != steps:
         ev = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
-                      os.path.join(workdir, "eval", f"step_{step}"))
+                      os.path.join(workdir, "eval", f"step_{step}"), trials_path=trials_path,
+                      step=step, phase="eval")
         writer.write(step, ev, phase="eval")
   finally:
     if producer is not None:

@@ -10,6 +10,7 @@ versions old is dropped, and the rest is corrected by TIS/MIS against the record
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import math
 import os
@@ -93,6 +94,13 @@ def build_batches(results: Sequence[TrialResult], cfg, current_version: int
   return batches, metrics
 
 
+def append_trials(path: str, results: Sequence[TrialResult], **fields) -> None:
+  """Appends the final record of each trial, tagged with ``fields`` (e.g. step, phase)."""
+  with open(path, "a") as f:
+    for r in results:
+      f.write(json.dumps({**r.record(), **fields}) + "\n")
+
+
 def rollout_metrics(results: Sequence[TrialResult], wall_s: float) -> dict[str, float]:
   s = summarize(results)
   m = {"solve_rate": s["solve_rate"], "trials": float(s["n_trials"]),
@@ -114,6 +122,7 @@ class RolloutSource:
                out_dir: str, progress=None):
     self.loader, self.adapter_for, self.proxy = loader, adapter_for, proxy
     self.trial_cfg, self.cfg, self.out_dir, self.progress = trial_cfg, cfg, out_dir, progress
+    self.next_step = 1  # the RL step the next collected batch is for (consumed in order)
 
   def collect(self) -> tuple[list[TrialResult], float, dict]:
     """Runs the next step's trials; returns (results, wall seconds, loader position after)."""
@@ -123,7 +132,9 @@ class RolloutSource:
     jobs = [TrialJob(task, self.adapter_for(task), group=g) for g, task in enumerate(tasks)
             for _ in range(n)]
     t0 = time.perf_counter()
-    results = run_trials(jobs, self.proxy, self.trial_cfg, self.out_dir,
+    step_dir = os.path.join(self.out_dir, f"step_{self.next_step:05d}")
+    self.next_step += 1
+    results = run_trials(jobs, self.proxy, self.trial_cfg, step_dir,
                          concurrency=int(self.cfg.rollout.concurrency),
                          max_retries=int(self.cfg.rollout.max_retries),
                          on_result=self.progress)
