@@ -38,7 +38,6 @@ class PolicyService:
         os.unlink(uds)
       self._proxies[name] = ProxyServer(EngineBackend(self.engine), self.tokenizer, config,
                                         port=None, uds=uds).start()
-      os.chmod(uds, 0o666)  # sandboxes run as an unprivileged uid
     return self._proxies[name]
 
   def update_params(self, params, version: int | None = None) -> int:
@@ -62,6 +61,4 @@ def scripted_proxy(tokenizer, reply_fn, socket_dir: str, name: str = "scripted")
   uds = os.path.join(socket_dir, f"{name}.sock")
   if os.path.exists(uds):
     os.unlink(uds)
-  server = ProxyServer(ScriptedBackend(tokenizer, reply_fn), tokenizer, port=None, uds=uds).start()
-  os.chmod(uds, 0o666)  # sandboxes run as an unprivileged uid
-  return server
+  return ProxyServer(ScriptedBackend(tokenizer, reply_fn), tokenizer, port=None, uds=uds).start()
