@@ -1,0 +1,27 @@
+"""Metric merge/finalize rules and masked statistics vs NumPy."""
+
+import jax
+import numpy as np
+
+from legorl_jax.rl import metrics as M
+
+
+def test_masked_stats_match_numpy():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(4, 50)).astype(np.float32)
+  m = rng.random((4, 50)) > 0.3
+  np.testing.assert_allclose(float(M.masked_sum(x, m)), x[m].sum(), rtol=1e-5)
+  np.testing.assert_allclose(float(M.masked_max(x, m)), x[m].max())
+  np.testing.assert_allclose(float(M.masked_quantile(x, m, 0.99)), np.quantile(x[m], 0.99),
+                             rtol=1e-5)
+  assert float(M.masked_quantile(x, np.zeros_like(m), 0.99)) == -np.inf
+  assert float(jax.jit(M.masked_max)(x, np.zeros_like(m))) == -np.inf
+
+
+def test_merge_then_finalize_gives_exact_means():
+  a = {"tokens": 2.0, "seqs": 1.0, "x_sum": 3.0, "x_max": 5.0, "d_p99": 1.0}
+  b = {"tokens": 6.0, "seqs": 2.0, "x_sum": 5.0, "x_max": 4.0, "d_p99": 2.0}
+  f = M.finalize_metrics(jax.jit(M.merge_metrics)(a, b))
+  assert float(f["x"]) == 1.0 and float(f["tokens"]) == 8.0 and float(f["seqs"]) == 3.0
+  assert float(f["x_max"]) == 5.0 and float(f["d_p99"]) == 2.0
+  assert "x_sum" not in f
