@@ -1,0 +1,262 @@
+r"""GRPO learner-step throughput on CPU: legorl_jax vs google-tunix 0.1.7, and vs matmul peak.
+
+Both sides train the same Qwen3-shaped model (preset ``small`` by default) in float32 on the
+same fixed batch (``--batch`` rows of ``--prompt_len + --completion_len`` tokens, loss on the
+completion) with AdamW + global-norm clipping; only the learner step is timed (forward,
+GRPO loss, backward, optimizer update), never generation. Each side runs in its own
+subprocess, one after the other, so they do not share thread pools:
+
+* ours: ``legorl_jax.trainer.train_step.make_train_step`` jitted with the state donated;
+* tunix: ``learner_tunix/run_tunix.py`` inside a virtualenv with ``google-tunix==0.1.7``
+  (created on first use under ``--venv``; pip resolves Tunix's own jax / flax, CPU wheels),
+  timing ``PeftTrainer._train_step`` with ``algo_core.grpo_loss_fn`` wired as GRPOLearner does.
+
+Step time is the median of ``--steps`` steps after a compile-and-run step; tokens/s =
+batch * seq_len / step time. The matmul peak is the median time of a jitted float32
+``--matmul_n``-cubed ``jnp.dot``, measured in our process just before the learner runs.
+
+Learner FLOPs per step (dense, as computed; the causal mask does not skip work):
+  6 * N * B * T + 12 * L * H * Dh * B * T^2
+with N the parameter count entering matmuls (N includes the tied embedding once, as the lm
+head; norms are negligible), L layers, H query heads of width Dh. The second term is the
+QK^T and PV matmuls, forward (x1) and backward (x2). Utilisation = (FLOPs / step time) / peak.
+
+On a shared machine wall time mostly measures the scheduler, so every figure is also given
+per CPU-second of the process (``time.process_time``): ``ratio_ours_over_tunix_cpu_time`` =
+Tunix CPU-s per step / ours, and the CPU-time utilisation divides our FLOP per CPU-second by
+the matmul's FLOP per CPU-second.
+
+  JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py              # both sides
+  JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py --skip_tunix # ours only
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+TUNIX_SPEC = "google-tunix==0.1.7"
+DEFAULT_VENV = os.path.expanduser("~/.cache/legorl_jax/bench/tunix-venv")
+
+
+def matmul_peak(n: int, repeats: int) -> float:
+  """FLOP/s of a jitted float32 [n, n] @ [n, n] (median of ``repeats`` after a warm-up)."""
+  import jax
+  import jax.numpy as jnp
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  f = jax.jit(jnp.dot)
+  jax.block_until_ready(f(a, b))
+  ts, cs = [], []
+  for _ in range(repeats):
+    c0, t0 = time.process_time(), time.perf_counter()
+    jax.block_until_ready(f(a, b))
+    ts.append(time.perf_counter() - t0)
+    cs.append(time.process_time() - c0)
+  return 2.0 * n ** 3 / statistics.median(ts), 2.0 * n ** 3 / statistics.median(cs)
+
+
+def step_flops(shape: dict, batch: int, seq_len: int) -> float:
+  """Dense learner FLOPs of one step (see the module docstring)."""
+  d, f, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+  h, hkv, dh, nl = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"], shape["num_layers"]
+  per_layer = d * h * dh + 2 * d * hkv * dh + h * dh * d + 3 * d * f
+  n = nl * per_layer + d * v * (1 if shape["tie_word_embeddings"] else 2)
+  tokens = batch * seq_len
+  return 6.0 * n * tokens + 12.0 * nl * h * dh * batch * seq_len ** 2
+
+
+def run_ours(args) -> dict:
+  """Our learner step in this process (called with --child)."""
+  import jax
+  import jax.numpy as jnp
+  import ml_collections
+  import numpy as np
+  from legorl_jax.models import create_model, get_preset
+  from legorl_jax.models.params import split_model
+  from legorl_jax.trainer import optimizer as opt_lib
+  from legorl_jax.trainer import state as state_lib
+  from legorl_jax.trainer import train_step as ts
+
+  peak, peak_cpu = matmul_peak(args.matmul_n, args.matmul_repeats)
+  mcfg = get_preset(args.preset, remat=args.remat)
+  cfg = ml_collections.ConfigDict()
+  cfg.loss = ml_collections.ConfigDict(dict(
+      name="grpo", temperature=1.0, aggregation=args.aggregation, clip_eps_low=args.clip_eps,
+      clip_eps_high=args.clip_eps, vf_coef=0.0))
+  cfg.trainer = ml_collections.ConfigDict(dict(micro_batches=args.micro_batches,
+                                               logprob_impl="xla"))
+  cfg.optim = ml_collections.ConfigDict(dict(learning_rate=args.lr, schedule="constant",
+                                             max_grad_norm=args.max_grad_norm))
+  model_def, params = split_model(create_model(mcfg, seed=0))
+  optimizer = opt_lib.make_optimizer(cfg.optim)
+  state = state_lib.create_train_state(params, optimizer)
+  step = jax.jit(ts.make_train_step(model_def, optimizer, cfg), donate_argnums=(0,))
+
+  rng = np.random.default_rng(0)
+  b, t = args.batch, args.prompt_len + args.completion_len
+  ids = rng.integers(2, mcfg.vocab_size, (b, t)).astype(np.int32)
+  adv = np.repeat(rng.standard_normal((b, 1)), t, 1).astype(np.float32)
+  batch = {"input_ids": ids, "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)),
+           "segment_ids": np.ones((b, t), np.int32),
+           "loss_mask": (np.arange(t)[None, :] >= args.prompt_len).repeat(b, 0).astype(np.float32),
+           "advantages": adv, "rollout_logp": np.zeros((b, t), np.float32)}
+  batch = jax.tree.map(jnp.asarray, batch)
+
+  t0 = time.perf_counter()
+  state, metrics = jax.block_until_ready(step(state, batch))
+  first = time.perf_counter() - t0
+  times, cpu = [], []
+  for _ in range(args.steps):
+    c0, t0 = time.process_time(), time.perf_counter()
+    state, metrics = jax.block_until_ready(step(state, batch))
+    times.append(time.perf_counter() - t0)
+    cpu.append(time.process_time() - c0)
+  step_s = statistics.median(times)
+  return {"side": "ours", "jax_version": jax.__version__, "n_params": mcfg.num_params(),
+          "loss": float(metrics["loss/policy"]), "grad_norm": float(metrics["grad_norm"]),
+          "compile_and_first_s": round(first, 3), "step_s_median": round(step_s, 4),
+          "step_s_all": [round(x, 4) for x in times], "tokens_per_s": round(b * t / step_s, 1),
+          "matmul_peak_gflops": round(peak / 1e9, 2),
+          "cpu_s_median": round(statistics.median(cpu), 4),
+          "matmul_gflop_per_cpu_s": round(peak_cpu / 1e9, 2)}
+
+
+def ensure_venv(venv: str) -> str:
+  """Creates (once) a virtualenv holding google-tunix 0.1.7 with CPU jax; returns its python."""
+  py = os.path.join(venv, "bin", "python")
+  probe = [py, "-c", "import importlib.metadata as m; print(m.version('google-tunix'))"]
+  if os.path.exists(py):
+    out = subprocess.run(probe, capture_output=True, text=True)
+    if out.returncode == 0 and out.stdout.strip() == TUNIX_SPEC.split("==")[1]:
+      return py
+  print(f"creating {venv} with {TUNIX_SPEC} (several minutes, once)", file=sys.stderr, flush=True)
+  subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+  # jax[cpu] keeps pip on CPU wheels (no CUDA plugins); Tunix's own pins decide the versions.
+  subprocess.run([py, "-m", "pip", "install", "-q", TUNIX_SPEC, "jax[cpu]"], check=True)
+  return py
+
+
+def _child_json(cmd, env) -> dict:
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+  if proc.returncode:
+    return {"error": f"exit {proc.returncode}: {proc.stderr[-3000:]}"}
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--preset", default="small")
+  p.add_argument("--batch", type=int, default=4)
+  p.add_argument("--prompt_len", type=int, default=128)
+  p.add_argument("--completion_len", type=int, default=128)
+  p.add_argument("--steps", type=int, default=3, help="timed steps after the first")
+  p.add_argument("--aggregation", default="seq-mean-token-mean",
+                 help="ours; Tunix gets its equivalent sequence-mean-token-mean")
+  p.add_argument("--clip_eps", type=float, default=0.2)
+  p.add_argument("--lr", type=float, default=1e-6)
+  p.add_argument("--max_grad_norm", type=float, default=1.0)
+  p.add_argument("--micro_batches", type=int, default=1)
+  p.add_argument("--remat", action="store_true", help="ours: rematerialise each block")
+  p.add_argument("--matmul_n", type=int, default=2048)
+  p.add_argument("--matmul_repeats", type=int, default=5)
+  p.add_argument("--skip_tunix", action="store_true")
+  p.add_argument("--venv", default=DEFAULT_VENV)
+  p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  args = p.parse_args()
+
+  if args.child:
+    print(json.dumps(run_ours(args)), flush=True)
+    return
+
+  sys.path.insert(0, REPO)
+  from legorl_jax.models.config import get_preset
+  mcfg = get_preset(args.preset)
+  shape = {k: getattr(mcfg, k) for k in (
+      "num_layers", "vocab_size", "hidden_size", "intermediate_size", "num_heads",
+      "num_kv_heads", "head_dim", "rope_theta", "rms_norm_eps", "tie_word_embeddings")}
+  seq_len = args.prompt_len + args.completion_len
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  load_before = os.getloadavg()[0]
+
+  common = ["--batch", str(args.batch), "--prompt_len", str(args.prompt_len),
+            "--completion_len", str(args.completion_len), "--steps", str(args.steps),
+            "--lr", str(args.lr), "--max_grad_norm", str(args.max_grad_norm),
+            "--clip_eps", str(args.clip_eps), "--matmul_n", str(args.matmul_n),
+            "--matmul_repeats", str(args.matmul_repeats)]
+  ours_cmd = [sys.executable, os.path.abspath(__file__), "--child", "--preset", args.preset,
+              "--aggregation", args.aggregation, "--micro_batches", str(args.micro_batches),
+              *(["--remat"] if args.remat else []), *common]
+  ours = _child_json(ours_cmd, env)
+  print(json.dumps(ours), file=sys.stderr, flush=True)
+
+  tunix = None
+  if not args.skip_tunix:
+    try:
+      py = ensure_venv(args.venv)
+      agg = {"seq-mean-token-mean": "sequence-mean-token-mean"}.get(args.aggregation,
+                                                                      args.aggregation)
+      tenv = dict(env)
+      tenv.pop("PYTHONPATH", None)
+      tunix = _child_json([py, os.path.join(HERE, "learner_tunix", "run_tunix.py"),
+                           "--shape", json.dumps(shape), "--aggregation", agg, *common], tenv)
+    except subprocess.CalledProcessError as e:
+      tunix = {"error": f"virtualenv setup failed: {e}"}
+    print(json.dumps(tunix), file=sys.stderr, flush=True)
+
+  flops = step_flops(shape, args.batch, seq_len)
+  ok = lambda r: bool(r) and "error" not in r
+  peak = ours.get("matmul_peak_gflops")
+  util = util_cpu = ratio = ratio_cpu = None
+  if ok(ours):
+    util = round(flops / ours["step_s_median"] / (peak * 1e9), 4)
+    util_cpu = round(flops / ours["cpu_s_median"] / (ours["matmul_gflop_per_cpu_s"] * 1e9), 4)
+  if ok(ours) and ok(tunix):
+    ratio = round(ours["tokens_per_s"] / tunix["tokens_per_s"], 3)
+    ratio_cpu = round(tunix["cpu_s_median"] / ours["cpu_s_median"], 3)
+
+  rows = [("side", "step s", "tokens/s", "GFLOP/s", "peak GFLOP/s", "step cpu-s",
+           "GFLOP/cpu-s", "peak GFLOP/cpu-s")]
+  for name, r in (("legorl_jax", ours), ("tunix 0.1.7", tunix)):
+    if r is None:
+      continue
+    if not ok(r):
+      rows.append((name, "error") + ("-",) * 6)
+      continue
+    rows.append((name, f"{r['step_s_median']:.3f}", f"{r['tokens_per_s']:.0f}",
+                 f"{flops / r['step_s_median'] / 1e9:.1f}", f"{r['matmul_peak_gflops']:.1f}",
+                 f"{r['cpu_s_median']:.3f}", f"{flops / r['cpu_s_median'] / 1e9:.1f}",
+                 f"{r['matmul_gflop_per_cpu_s']:.1f}"))
+  widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+  for row in rows:
+    print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+
+  summary = {
+      "benchmark": "learner", "preset": args.preset, "model_shape": shape,
+      "batch": args.batch, "seq_len": seq_len, "prompt_len": args.prompt_len,
+      "completion_len": args.completion_len, "dtype": "float32", "steps": args.steps,
+      "step_gflops": round(flops / 1e9, 2),
+      "ours_tokens_per_s": ours.get("tokens_per_s"),
+      "tunix_tokens_per_s": tunix.get("tokens_per_s") if tunix else None,
+      "ratio_ours_over_tunix": ratio,
+      "ratio_ours_over_tunix_cpu_time": ratio_cpu,
+      "matmul_peak_gflops": peak, "matmul_n": args.matmul_n,
+      "ours_utilisation_of_matmul_peak": util,
+      "ours_utilisation_of_matmul_peak_cpu_time": util_cpu,
+      "tunix_timed": tunix.get("timed") if tunix else None,
+      "ours_timed": "legorl_jax.trainer.train_step.make_train_step -> jax.jit(donate_argnums=0)",
+      "ours": ours, "tunix": tunix,
+      "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2),
+      "cpus": os.cpu_count(),
+  }
+  print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+  main()
