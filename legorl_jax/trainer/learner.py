@@ -44,7 +44,7 @@ class Learner:
       self._step_fn = step_fn
     else:
       self.state_sh = None
-      self._step = jax.jit(step_fn, donate_argnums=(0,))
+      self._step = jax.jit(step_fn, donate_argnums=(0,), static_argnames=("scored_cap",))
     self.state = state
     self._logprob = jax.jit(ts.make_logprob_fn(
         self.model_def, temperature=float(cfg.loss.get("temperature", 1.0)),
@@ -55,9 +55,9 @@ class Learner:
     return int(self.state.step)
 
   def _jitted(self, batch):
-    if self._step is not None:
-      return self._step
-    return ts.jit_train_step(self._step_fn, self.state_sh, ts.batch_shardings(batch, self.mesh))
+    if self._step is None:  # sharded: built once (batch shardings depend on keys and ranks only)
+      self._step = ts.jit_train_step(self._step_fn, self.state_sh, ts.batch_shardings(batch, self.mesh))
+    return self._step
 
   def update(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
     """One optimizer update per batch; returns metrics merged over the batches (sums and
@@ -65,7 +65,9 @@ class Learner:
     merged, t0, tokens = {}, time.perf_counter(), 0
     for i, batch in enumerate(batches):
       dev = {k: jnp.asarray(v) for k, v in batch.items()}
-      self.state, m = self._jitted(dev)(self.state, dev)
+      cap = (ts.scored_cap_for(batch, int(self.cfg.trainer.get("micro_batches", 1)))
+             if self.cfg.trainer.get("lm_head_on_scored_only", True) else None)
+      self.state, m = self._jitted(dev)(self.state, dev, scored_cap=cap)
       m = {k: float(v) for k, v in m.items()}
       tokens += int(np.sum(batch["segment_ids"] > 0))
       for k, v in m.items():

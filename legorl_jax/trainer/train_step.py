@@ -47,20 +47,38 @@ def shifted(batch: Batch) -> dict[str, jax.Array]:
   return out
 
 
-def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, temperature: float,
-                     impl: str | None = None, value_head=None):
-  """Teacher-forced logprobs of every next token.
+def scored_mask(batch: Batch) -> jax.Array:
+  """bool [B, T-1]: next-token predictions that enter the loss (see ``shifted``)."""
+  seg = batch["segment_ids"]
+  return (batch["loss_mask"][:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
 
-  Returns ``(logp [B, T-1], entropy [B, T-1], values [B, T-1] or None)`` in float32; logits are
-  never materialised (``token_logprobs`` chunks over the vocabulary).
+
+def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, temperature: float,
+                     impl: str | None = None, value_head=None, scored_cap: int | None = None):
+  """Teacher-forced logprobs of next tokens.
+
+  With ``scored_cap`` (static), the lm head runs only on the scored predictions (at most
+  ``scored_cap`` per call; agent trajectories are mostly prompt, so this skips most of the
+  ``[N, D] x [D, V]`` work); other positions get logp = entropy = 0. The caller guarantees the
+  cap is not exceeded (``scored_cap_for``). Logits are never materialised.
+
+  Returns ``(logp [B, T-1], entropy [B, T-1], values [B, T-1] or None)`` in float32.
   """
   model = model_def.merge(params)
   hidden = model.hidden(batch["input_ids"], batch["positions"], batch["segment_ids"])
   h = hidden[:, :-1]
   b, t, d = h.shape
   targets = batch["input_ids"][:, 1:].reshape(-1).astype(jnp.int32)
-  logp, ent = token_logprobs(h.reshape(b * t, d), model.lm_head_kernel().astype(h.dtype), targets,
-                             temperature=temperature, impl=impl)
+  h_flat, lm_head = h.reshape(b * t, d), model.lm_head_kernel().astype(h.dtype)
+  if scored_cap is None or scored_cap >= b * t:
+    logp, ent = token_logprobs(h_flat, lm_head, targets, temperature=temperature, impl=impl)
+  else:
+    flat_mask = scored_mask(batch).reshape(-1)
+    (idx,) = jnp.nonzero(flat_mask, size=scored_cap, fill_value=0)
+    live = jnp.arange(scored_cap) < jnp.sum(flat_mask)
+    lp, en = token_logprobs(h_flat[idx], lm_head, targets[idx], temperature=temperature, impl=impl)
+    logp = jnp.zeros(b * t, jnp.float32).at[idx].add(jnp.where(live, lp, 0.0))
+    ent = jnp.zeros(b * t, jnp.float32).at[idx].add(jnp.where(live, en, 0.0))
   values = None
   if value_head is not None:
     values = (h.astype(jnp.float32) @ value_head["kernel"] + value_head["bias"])[..., 0]
@@ -85,9 +103,30 @@ def _split_micro(batch: Batch, n: int) -> Batch:
   return {k: v.reshape(n, b // n, *v.shape[1:]) for k, v in batch.items() if v is not None}
 
 
+SCORED_CAP_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2)
+
+
+def scored_cap_for(batch: dict, n_micro: int) -> int | None:
+  """Host side: the smallest cap in a few fixed fractions of a micro-batch's predictions that
+  holds every micro-batch's scored tokens (None = run the lm head on all of them). A handful
+  of possible values keeps the number of compilations small."""
+  import numpy as np
+  seg, mask = np.asarray(batch["segment_ids"]), np.asarray(batch["loss_mask"])
+  scored = (mask[:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+  rows = scored.shape[0] // n_micro
+  need = max(int(scored[i * rows:(i + 1) * rows].sum()) for i in range(n_micro))
+  total = rows * scored.shape[1]
+  for frac in SCORED_CAP_FRACTIONS:
+    cap = max(1, int(total * frac))
+    if need <= cap:
+      return cap
+  return None
+
+
 def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation, cfg
                     ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
-  """Builds ``train_step(state, batch, ref_params=None) -> (state, metrics)`` (pure, unjitted).
+  """Builds ``train_step(state, batch, ref_params=None, scored_cap=None) -> (state, metrics)``
+  (pure, unjitted; ``scored_cap`` must be static under jit, see ``scored_cap_for``).
 
   ``cfg`` fields: ``loss.name`` (a key of ``rl.POLICY_LOSSES``), the ``rl.LossConfig`` knobs under
   ``loss``, ``loss.temperature`` (the sampling temperature), ``loss.vf_coef``,
@@ -103,12 +142,14 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
   vf_coef = float(cfg.loss.get("vf_coef", 0.0))
   vf_clip = cfg.loss.get("vf_clip", None)
 
-  def micro_loss(trainable, mb, ref_params, d_pol, d_val):
+  def micro_loss(trainable, mb, ref_params, d_pol, d_val, scored_cap):
     logp, ent, values = forward_logprobs(model_def, trainable["policy"], mb, temperature=temperature,
-                                         impl=impl, value_head=trainable["value_head"])
+                                         impl=impl, value_head=trainable["value_head"],
+                                         scored_cap=scored_cap)
     sb = shifted(mb)
     if ref_params is not None:
-      ref_logp, _, _ = forward_logprobs(model_def, ref_params, mb, temperature=temperature, impl=impl)
+      ref_logp, _, _ = forward_logprobs(model_def, ref_params, mb, temperature=temperature, impl=impl,
+                                        scored_cap=scored_cap)
       sb["ref_logp"] = jax.lax.stop_gradient(ref_logp)
     sb.update(logp=logp, entropy=ent)
     pl_sum, _, m = rl_losses.policy_loss(loss_name, sb, cfg.loss)
@@ -124,7 +165,8 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
 
   grad_fn = jax.grad(micro_loss, has_aux=True)
 
-  def train_step(state: TrainState, batch: Batch, ref_params: Params | None = None):
+  def train_step(state: TrainState, batch: Batch, ref_params: Params | None = None,
+                 scored_cap: int | None = None):
     sb_all = shifted(batch)
     d_pol, d_val = loss_denominators(sb_all, cfg)
     d_pol, d_val = jnp.maximum(d_pol, 1e-8), jnp.maximum(d_val, 1e-8)
@@ -133,7 +175,7 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
 
     def body(carry, mb):
       g_acc, m_acc = carry
-      g, m = grad_fn(trainable, mb, ref_params, d_pol, d_val)
+      g, m = grad_fn(trainable, mb, ref_params, d_pol, d_val, scored_cap)
       g_acc = jax.tree.map(jnp.add, g_acc, g)
       m_acc = m if m_acc is None else rl_metrics.merge_metrics(m_acc, m)
       return (g_acc, m_acc), None
@@ -185,4 +227,4 @@ def jit_train_step(train_step, state_sh: TrainState, batch_sh, ref_sh=None):
   """Jits with explicit shardings and a donated state (updated in place on device)."""
   in_sh = (state_sh, batch_sh) if ref_sh is None else (state_sh, batch_sh, ref_sh)
   return jax.jit(train_step, in_shardings=in_sh, out_shardings=(state_sh, None),
-                 donate_argnums=(0,))
+                 donate_argnums=(0,), static_argnames=("scored_cap",))

@@ -84,6 +84,24 @@ def test_matches_naive_reference(setup, temperature):
   assert np.isfinite(float(metrics["grad_norm"]))
 
 
+def test_lm_head_on_scored_tokens_only_is_exact(setup):
+  model_def, params = setup
+  batch = make_batch(b=4)
+  batch["loss_mask"][:, :14] = 0  # like agent trajectories: mostly prompt
+  cap = ts.scored_cap_for(batch, 2)
+  assert cap is not None and cap < 2 * 23  # fewer rows than all predictions of a micro-batch
+  cfg = make_cfg(micro=2)
+  opt = optax.sgd(1.0)
+  step = jax.jit(ts.make_train_step(model_def, opt, cfg), static_argnames=("scored_cap",))
+  dev = jax.tree.map(jnp.asarray, batch)
+  full, m_full = step(state_lib.create_train_state(params, opt), dev)
+  capped, m_cap = step(state_lib.create_train_state(params, opt), dev, scored_cap=cap)
+  np.testing.assert_allclose(m_cap["loss/policy"], m_full["loss/policy"], rtol=1e-6)
+  np.testing.assert_allclose(m_cap["entropy"], m_full["entropy"], rtol=1e-5)
+  for k in params:
+    np.testing.assert_allclose(capped.params[k], full.params[k], atol=1e-7)
+
+
 def test_micro_batches_give_same_update(setup):
   model_def, params = setup
   batch = jax.tree.map(jnp.asarray, make_batch(b=4))
