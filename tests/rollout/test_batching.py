@@ -1,0 +1,62 @@
+"""Batching against a per-token walk of the input sequences."""
+
+import numpy as np
+import pytest
+
+from legorl_jax import errors
+from legorl_jax.rollout import batching
+
+
+def _seq(n, start, adv, sampled_from):
+  ids = list(range(start, start + n))
+  mask = [1 if i >= sampled_from else 0 for i in range(n)]
+  lps = [-0.1 * (i + 1) if m else 0.0 for i, m in enumerate(mask)]
+  return batching.TrainSequence(ids, mask, lps, adv)
+
+
+def test_every_token_lands_once_with_its_metadata():
+  seqs = [_seq(5, 100, 1.0, 2), _seq(9, 200, -1.0, 4), _seq(3, 300, 0.5, 1), _seq(12, 400, 2.0, 6)]
+  for pack in (False, True):
+    batches, stats = batching.make_batches(seqs, buckets=(8, 16), rows_per_batch=2, pack=pack)
+    assert stats["sequences"] == 4 and stats["tokens"] == 29
+    seen = {}
+    for b in batches:
+      assert b["input_ids"].shape[0] == 2 and b["input_ids"].shape[1] in (8, 16)
+      for r in range(2):
+        for sid in set(b["segment_ids"][r]) - {0}:
+          sel = b["segment_ids"][r] == sid
+          ids = b["input_ids"][r][sel].tolist()
+          seen[ids[0]] = ids
+          np.testing.assert_array_equal(b["positions"][r][sel], np.arange(sel.sum()))
+          assert len(set(b["advantages"][r][sel])) == 1
+    for s in seqs:
+      assert seen[s.token_ids[0]] == s.token_ids
+
+
+def test_packing_uses_fewer_rows():
+  seqs = [_seq(4, 10 * i, 1.0, 1) for i in range(8)]
+  unpacked, _ = batching.make_batches(seqs, buckets=(16,), rows_per_batch=8, pack=False)
+  packed, st = batching.make_batches(seqs, buckets=(16,), rows_per_batch=8, pack=True)
+  used = lambda bs: sum(int((b["segment_ids"] > 0).any(axis=1).sum()) for b in bs)  # noqa: E731
+  assert used(unpacked) == 8 and used(packed) == 2
+  assert st["padding_rows"] == 6
+
+
+def test_long_sequences_are_truncated_and_counted():
+  batches, stats = batching.make_batches([_seq(20, 0, 1.0, 2)], buckets=(8,), rows_per_batch=1)
+  assert stats["truncated"] == 1
+  assert batches[0]["input_ids"].tolist() == [list(range(8))]
+
+
+def test_trajectory_segments_and_side_streams():
+  traj = {"segments": [{"token_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "logprobs": [0, -1, -2],
+                        "train": True},
+                       {"token_ids": [4, 5], "loss_mask": [0, 0], "logprobs": [0, 0], "train": True}],
+          "side_segments": [{"token_ids": [9], "loss_mask": [1], "logprobs": [-1], "train": False}]}
+  seqs = batching.sequences_from_trajectory(traj, 0.3, "t1")
+  assert len(seqs) == 1 and seqs[0].token_ids == [1, 2, 3] and seqs[0].advantage == 0.3
+
+
+def test_bad_batching_config_is_named():
+  with pytest.raises(errors.ConfigError):
+    batching.make_batches([], buckets=(), rows_per_batch=1)
