@@ -33,7 +33,7 @@ def line_chart_svg(series: dict[str, Sequence[tuple[float, float]]], title: str,
   out.append(f'<line x1="{pad_l}" y1="{pad_t + h}" x2="{pad_l + w}" y2="{pad_t + h}" stroke="#888"/>')
   out.append(f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{pad_t + h}" stroke="#888"/>')
   for v in (y0, (y0 + y1) / 2, y1):
-    out.append(f'<text x="4" y="{sy(v) + 4:.1f}" font-size="10" font-family="sans-serif">{v:.3g}</text>')
+    out.append(f'<text x="4" y="{sy(v) + 4:.1f}" font-size="10" font-family="sans-serif">{v:.4g}</text>')
   out.append(f'<text x="{pad_l}" y="{height - 8}" font-size="10" font-family="sans-serif">{x0:g}</text>')
   out.append(f'<text x="{pad_l + w - 20}" y="{height - 8}" font-size="10" font-family="sans-serif">{x1:g}</text>')
   for i, (name, s) in enumerate(series.items()):
