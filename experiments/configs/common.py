@@ -91,7 +91,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.demos = ""               # a demos.jsonl to train on instead of collecting
 
   c.eval = ml_collections.ConfigDict()
-  c.eval.every = 0               # 0: before and after RL only
+  c.eval.before_after = True     # held-out evaluation before and after RL
+  c.eval.every = 0               # also every N RL steps (0: never)
   c.eval.samples = 4             # samples per task at the sampling temperature (pass@k)
   c.eval.greedy = True
 

@@ -171,6 +171,8 @@ def run(cfg, workdir: str) -> dict:
 
   service = PolicyService(learner.model(), tokenizer, cfg, sockets)
   try:
+    if host["phase"] == "eval_before" and not cfg.eval.before_after:
+      host.update(phase="rl", before={})
     if host["phase"] == "eval_before":
       # Its result lives beside the step-0 checkpoint, so a resumed run does not redo it.
       before_path = os.path.join(workdir, "eval", "before_rl", "result.json")
@@ -194,11 +196,13 @@ def run(cfg, workdir: str) -> dict:
                      workdir, val_tasks, eval_adapter, trials_path)
     summary.update(rl_summary)
 
-    after = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
-                     os.path.join(workdir, "eval", "after_rl"), trials_path=trials_path,
-                     step=host["rl_step"], phase="eval_after_rl")
-    writer.write(host["rl_step"], after, phase="eval")
-    print(f"[eval after RL] {json.dumps(after)}", flush=True)
+    after = {}
+    if cfg.eval.before_after:
+      after = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
+                       os.path.join(workdir, "eval", "after_rl"), trials_path=trials_path,
+                       step=host["rl_step"], phase="eval_after_rl")
+      writer.write(host["rl_step"], after, phase="eval")
+      print(f"[eval after RL] {json.dumps(after)}", flush=True)
   finally:
     service.close()
     ckpt.close()
@@ -208,7 +212,7 @@ def run(cfg, workdir: str) -> dict:
   n = int(cfg.eval.samples)
   summary.update({
       "val_solve_rate_before_rl": before.get("solve_rate"),
-      "val_solve_rate_after_rl": after["solve_rate"],
+      "val_solve_rate_after_rl": after.get("solve_rate"),
       "val_greedy_solve_rate_before_rl": before.get("greedy_solve_rate"),
       "val_greedy_solve_rate_after_rl": after.get("greedy_solve_rate"),
       f"val_pass@{n}_before_rl": before.get(f"pass@{n}"),
