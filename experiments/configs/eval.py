@@ -1,0 +1,42 @@
+"""Evaluation of a policy inside a native harness.
+
+  python -m experiments.eval --config=experiments/configs/eval.py --workdir=/tmp/eval \\
+      --config.harness=mini-swe-agent --config.policy=scripted --config.tasks=synthetic:4
+
+harness: one name (``builtin``, ``mini-swe-agent``, ``aider``, ``openhands``, ``opencode``,
+  ``codex``, ``claude-code``) or weights ``"builtin:1,mini-swe-agent:1"`` (each trial draws
+  its harness; a task's ``metadata["harness"]`` wins).
+policy: ``scripted`` (gold patches, for plumbing checks and demonstrations), a model preset
+  (``tiny``: random weights from ``seed``) or a Hugging Face checkpoint directory.
+tasks: ``synthetic:N``, a task JSONL file, or a TFDS task dataset directory.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.harness = "builtin"
+  c.policy = "scripted"
+  c.sandbox = "local"
+  c.tasks = "synthetic:4"
+  c.difficulty = "easy"      # synthetic tasks only
+  c.split = "validation"     # synthetic split / TFDS split
+  c.num_tasks = 0            # 0 = all tasks of the source
+  c.samples_per_task = 1
+  c.seed = 0
+
+  c.concurrency = 2
+  c.max_retries = 1          # for infrastructure failures only
+  c.harness_timeout_s = 300.0
+  c.max_turns = 8
+  c.temperature = 1.0        # forced for neural policies (recorded per call)
+  c.max_tokens = 512         # cap per call
+  c.tokenizer = ""           # default: the checkpoint's, or the bundled one
+
+  c.engine = ml_collections.ConfigDict()
+  c.engine.max_len = 8192    # context; larger prompts end the trial as overlong
+  c.engine.max_batch = 4
+  c.engine.prefill_buckets = (512, 2048)
+  c.engine.decode_chunk = 16
+  return c
