@@ -12,6 +12,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.checkpoint = ""      # a Hugging Face checkpoint directory (overrides preset)
   c.model.tokenizer = ""       # default: the checkpoint's, or the bundled one for presets
   c.model.remat = False
+  c.model.compute_dtype = "float32"  # params stay float32; "bfloat16" on accelerators
 
   c.tasks = ml_collections.ConfigDict()
   c.tasks.source = "synthetic"  # "synthetic" or a TFDS task dataset directory

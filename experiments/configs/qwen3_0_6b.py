@@ -16,6 +16,7 @@ def get_config():
   c = common.base_config()
   c.model.preset = "qwen3-0.6b"
   c.model.remat = True
+  c.model.compute_dtype = "bfloat16"
   c.tasks.source = "synthetic"
   c.tasks.difficulty = "easy"
   c.harness.name = "mini-swe-agent"

@@ -16,6 +16,7 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -40,11 +41,14 @@ log = logging.getLogger(__name__)
 
 def build_policy(cfg):
   """(model, tokenizer) from ``cfg.model``."""
+  compute = cfg.model.get("compute_dtype", "float32")
   if cfg.model.checkpoint:
-    model = from_pretrained(cfg.model.checkpoint, remat=bool(cfg.model.remat))
+    model = from_pretrained(cfg.model.checkpoint, compute_dtype=jnp.dtype(compute),
+                            remat=bool(cfg.model.remat))
     tokenizer = tok_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.checkpoint)
   else:
-    model = create_model(get_preset(cfg.model.preset, remat=bool(cfg.model.remat)), seed=int(cfg.seed))
+    model = create_model(get_preset(cfg.model.preset, remat=bool(cfg.model.remat), dtype=compute),
+                         seed=int(cfg.seed))
     tokenizer = tok_lib.load_tokenizer(cfg.model.tokenizer or None)
   return model, tokenizer
 
