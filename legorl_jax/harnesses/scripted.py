@@ -7,7 +7,8 @@ and their recordings are supervised demonstrations in each harness's native form
 Plan per request, from the conversation so far (the harness resends it every turn):
   1. apply the fix: with an exact-replace edit tool (``edit``, ``str_replace_based_edit_tool``,
      ``Edit``...) one call per changed block; otherwise write and ``git apply`` the patch with
-     the shell tool; without tools, answer in the text protocol (a fenced diff);
+     the shell tool; without tools, answer in the text protocol: SEARCH/REPLACE blocks when the
+     system prompt asks for them (aider's ``diff`` format), else a fenced diff;
   2. optionally run the tests with the shell tool;
   3. finish: the ``submit`` / ``finish`` tool, the harness's finish command, or plain text.
 """
@@ -23,6 +24,8 @@ from legorl_jax.proxy.types import RenderedRequest
 
 _SHELL_TOOLS = ("bash", "shell", "exec_command", "execute_bash", "terminal", "Bash", "run_shell_command")
 _FINISH_TOOLS = ("submit", "finish", "task_complete", "attempt_completion")
+# Finish commands harnesses announce in their prompts (used when ``finish_command`` is unset).
+KNOWN_FINISH_COMMANDS = ("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,41 @@ def edits_from_patch(patch: str) -> list[Edit]:
   return edits
 
 
+def search_replace_blocks(patch: str) -> str:
+  """aider's ``diff`` edit format for a unified diff: one SEARCH/REPLACE block per hunk,
+  the hunk's context and removed lines replaced by its context and added lines."""
+  blocks, path, lang = [], None, ""
+  lines = patch.splitlines()
+  i = 0
+  while i < len(lines):
+    line = lines[i]
+    if line.startswith("+++ "):
+      target = line[4:].strip()
+      path = target[2:] if target.startswith("b/") else target
+      lang = "python" if path.endswith(".py") else ""
+    elif line.startswith("@@"):
+      old, new = [], []
+      i += 1
+      while i < len(lines) and not lines[i].startswith(("@@", "diff ", "--- ")):
+        h = lines[i]
+        if h.startswith("-"):
+          old.append(h[1:])
+        elif h.startswith("+"):
+          new.append(h[1:])
+        elif not h.startswith("\\"):
+          old.append(h[1:])
+          new.append(h[1:])
+        i += 1
+      while old and new and old[-1] == new[-1] == "":  # trailing blank context adds nothing
+        old.pop()
+        new.pop()
+      blocks.append("\n".join([path, f"```{lang}", "<<<<<<< SEARCH", *old, "=======", *new,
+                               ">>>>>>> REPLACE", "```"]))
+      continue
+    i += 1
+  return "\n\n".join(blocks)
+
+
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
   """An assistant turn holding one tool call, in the chat template's format."""
   return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
@@ -88,6 +126,28 @@ def _params_of(request: RenderedRequest, name: str) -> set[str]:
   return set()
 
 
+def _schema_of(request: RenderedRequest, name: str) -> dict:
+  for t in request.tools or []:
+    fn = t.get("function", t)
+    if fn.get("name") == name:
+      return fn.get("parameters") or {}
+  return {}
+
+
+def _wants_absolute(request: RenderedRequest, name: str, arg: str) -> bool:
+  """True when the tool's schema says its path argument must be absolute (OpenHands)."""
+  prop = _schema_of(request, name).get("properties", {}).get(arg) or {}
+  return "absolute" in str(prop.get("description", "")).lower()
+
+
+def _finish_args(request: RenderedRequest, name: str) -> dict[str, Any]:
+  """Required string arguments of the finish tool (e.g. OpenHands' ``message``) filled in."""
+  schema = _schema_of(request, name)
+  props = schema.get("properties", {})
+  return {k: "The fix is applied." for k in schema.get("required", [])
+          if (props.get(k) or {}).get("type", "string") == "string"}
+
+
 def _edit_tool(request: RenderedRequest):
   """(tool name, argument names for path/old/new) of an exact-replace edit tool, if any."""
   for name in _tool_names(request):
@@ -97,12 +157,28 @@ def _edit_tool(request: RenderedRequest):
     new = next((p for p in ("new", "new_str", "new_string", "newString") if p in props), None)
     if path and old and new:
       extra = {"command": "str_replace"} if "command" in props else {}
+      # Claude Code sends its Edit calls back with the schema default filled in; stating it
+      # keeps the echoed call identical to the sampled one (so the proxy splices it).
+      extra.update({p: False for p in ("replace_all",) if p in props})
       return name, path, old, new, extra
   return None
 
 
-def _turns_taken(request: RenderedRequest) -> int:
-  return sum(1 for m in request.messages if m.role == "assistant")
+def _read_tool(request: RenderedRequest):
+  """(tool name, path argument) of a file-read tool named ``Read``/``read`` (Claude Code's
+  and OpenCode's), if any: Claude Code's ``Edit`` refuses a file not read first."""
+  names = _tool_names(request)
+  for name in ("Read", "read"):
+    if name in names:
+      props = _params_of(request, name)
+      path = next((p for p in ("file_path", "filePath", "path") if p in props), None)
+      if path:
+        return name, path
+  return None
+
+
+def _turns_taken(request: RenderedRequest, start: int = 0) -> int:
+  return sum(1 for m in request.messages[start:] if m.role == "assistant")
 
 
 @dataclasses.dataclass
@@ -124,27 +200,49 @@ class ScriptedPolicy:
     steps: list[str] = []
     if edit is not None and patch:
       name, p_arg, o_arg, n_arg, extra = edit
+      read = _read_tool(request)
+      seen = set()
+      prefix = self.workdir_prefix
+      if not prefix and _wants_absolute(request, name, p_arg):
+        workdir_of = getattr(self.patch_for, "workdir", None)  # else the sandbox default
+        prefix = (workdir_of(request) if workdir_of is not None else None) or "/workspace"
       for e in edits_from_patch(patch):
-        path = (self.workdir_prefix.rstrip("/") + "/" + e.path) if self.workdir_prefix else e.path
+        path = (prefix.rstrip("/") + "/" + e.path) if prefix else e.path
+        if read is not None and path not in seen:  # read each file before its first edit
+          seen.add(path)
+          steps.append(tool_call_text(read[0], {read[1]: path}))
         steps.append(tool_call_text(name, {**extra, p_arg: path, o_arg: e.old, n_arg: e.new}))
     elif shell is not None and patch:
-      cmd = f"cat > /tmp/fix.diff <<'LEGORL_EOF'\n{patch.rstrip()}\nLEGORL_EOF\ngit apply /tmp/fix.diff"
+      # Not rstrip(): a hunk's trailing context lines may be blank (" ") and must stay.
+      body = patch if patch.endswith("\n") else patch + "\n"
+      cmd = f"cat > /tmp/fix.diff <<'LEGORL_EOF'\n{body}LEGORL_EOF\ngit apply /tmp/fix.diff"
       steps.append(tool_call_text(shell, _shell_args(request, shell, cmd)))
+    elif patch and "SEARCH/REPLACE" in request.system_text():
+      steps.append("Here are the *SEARCH/REPLACE* blocks:\n\n" + search_replace_blocks(patch))
     elif patch:
       steps.append(f"Here is the fix:\n\n```diff\n{patch.rstrip()}\n```")
     if self.run_tests and shell is not None:
       steps.append(tool_call_text(shell, _shell_args(request, shell, self.run_tests)))
-    if self.finish_command and shell is not None:
-      steps.append(tool_call_text(shell, _shell_args(request, shell, self.finish_command)))
+    finish_command = self.finish_command or _announced_finish_command(request)
+    if finish_command and shell is not None:
+      steps.append(tool_call_text(shell, _shell_args(request, shell, finish_command)))
     elif finish is not None:
-      steps.append(tool_call_text(finish, {}))
+      steps.append(tool_call_text(finish, _finish_args(request, finish)))
     else:
       steps.append("The fix is applied.")
     return steps
 
   def reply(self, request: RenderedRequest) -> str:
     steps = self.plan(request)
-    return steps[min(_turns_taken(request), len(steps) - 1)]
+    # Turns count from the task's message: harnesses may put example exchanges before it.
+    locate = getattr(self.patch_for, "locate", None)
+    start = locate(request)[1] if locate is not None else 0
+    return steps[min(_turns_taken(request, max(start, 0)), len(steps) - 1)]
+
+
+def _announced_finish_command(request: RenderedRequest) -> str | None:
+  text = "\n".join(m.content for m in request.messages[:3] if m.role in ("system", "user"))
+  return next((c for c in KNOWN_FINISH_COMMANDS if c in text), None)
 
 
 def _shell_args(request: RenderedRequest, name: str, cmd: str) -> dict[str, Any]:
@@ -158,13 +256,35 @@ def _shell_args(request: RenderedRequest, name: str, cmd: str) -> dict[str, Any]
 
 def patches_by_instruction(tasks: Sequence) -> Callable[[RenderedRequest], str | None]:
   """Finds a task's gold patch by its instruction appearing in the conversation."""
-  table = [(t.instruction.strip(), t.gold_patch) for t in tasks if t.gold_patch]
+  return PatchTable([(t.instruction.strip(), t.gold_patch) for t in tasks if t.gold_patch],
+                    {t.instruction.strip(): t.workdir for t in tasks})
 
-  def find(request: RenderedRequest) -> str | None:
-    text = "\n".join(m.content for m in request.messages if m.role in ("user", "system"))
-    for instruction, patch in table:
-      if instruction and instruction in text:
-        return patch
+
+@dataclasses.dataclass
+class PatchTable:
+  """``(instruction, gold patch)`` pairs; calling it finds the request's patch."""
+
+  entries: list[tuple[str, str]]
+  workdirs: dict[str, str] = dataclasses.field(default_factory=dict)
+
+  def workdir(self, request: RenderedRequest) -> str | None:
+    """The work dir of the request's task (for tools that want absolute paths)."""
+    for k, m in enumerate(request.messages):
+      if m.role in ("user", "system") and m.content:
+        for instruction, wd in self.workdirs.items():
+          if instruction and instruction in m.content:
+            return wd
     return None
 
-  return find
+  def locate(self, request: RenderedRequest) -> tuple[str | None, int]:
+    """(patch, index of the first user/system message holding the instruction) or (None, -1)."""
+    for k, m in enumerate(request.messages):
+      if m.role not in ("user", "system") or not m.content:
+        continue
+      for instruction, patch in self.entries:
+        if instruction and instruction in m.content:
+          return patch, k
+    return None, -1
+
+  def __call__(self, request: RenderedRequest) -> str | None:
+    return self.locate(request)[0]

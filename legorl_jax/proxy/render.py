@@ -170,8 +170,18 @@ def normalize_arguments(args):
   return args
 
 
-def same_calls(a: Sequence[ToolCall], b: Sequence[ToolCall]) -> bool:
-  return len(a) == len(b) and all(
+def same_calls(echoed: Sequence[ToolCall], recorded: Sequence[ToolCall]) -> bool:
+  """Whether a harness sent back the calls we generated. Harnesses may add defaulted
+  arguments when they echo a call (Claude Code adds ``"replace_all": false`` to ``Edit``), so
+  every recorded argument must come back unchanged but extra echoed keys are allowed; the
+  recorded ids are what gets spliced, so the extras never reach the training tokens."""
+  return len(echoed) == len(recorded) and all(
       x.id == y.id and x.name == y.name
-      and normalize_arguments(x.arguments) == normalize_arguments(y.arguments)
-      for x, y in zip(a, b))
+      and _args_cover(normalize_arguments(x.arguments), normalize_arguments(y.arguments))
+      for x, y in zip(echoed, recorded))
+
+
+def _args_cover(echoed, recorded) -> bool:
+  if isinstance(echoed, dict) and isinstance(recorded, dict):
+    return all(k in echoed and echoed[k] == v for k, v in recorded.items())
+  return echoed == recorded

@@ -19,8 +19,9 @@ StreamClassifier = Callable[[RenderedRequest, "tuple[str, str] | None"], str]
 
 _TITLE_RE = re.compile(r"\btitles?\b|\btopic\b", re.IGNORECASE)
 _SUMMARY_RE = re.compile(r"\bsummar(?:y|ies|ize|ise|izing|ising)\b", re.IGNORECASE)
-# Title / summary prompts are short; a long system prompt is an agent's, whatever it mentions.
-_SIDE_PROMPT_CHARS = 2000
+# Title / summary prompts are short (OpenCode's title prompt is ~2.1k characters); a long
+# system prompt (agents send 8-60k) is an agent's, whatever it mentions.
+_SIDE_PROMPT_CHARS = 4000
 _NAME_RE = re.compile(r"[^A-Za-z0-9_.:-]+")
 
 

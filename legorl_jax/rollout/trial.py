@@ -105,6 +105,11 @@ def run_trial(task: Task, adapter: hbase.HarnessAdapter, proxy, config: TrialCon
     sb_cfg = dataclasses.replace(
         config.sandbox, proxy_socket=proxy.uds,
         ro_mounts=tuple(config.sandbox.ro_mounts) + tuple(adapter.ro_mounts()))
+    # Some runtimes (Bun-compiled CLIs) commit more address space than a task's default
+    # memory limit allows; the adapter names its floor.
+    need_mb = int(getattr(adapter, "min_memory_mb", 0) or 0)
+    if need_mb and (sb_cfg.memory_mb or task.limits.memory_mb) < need_mb:
+      sb_cfg = dataclasses.replace(sb_cfg, memory_mb=need_mb)
     try:
       sandbox = create_sandbox(task, sb_cfg)
     except errors.LegorlError as e:
