@@ -19,10 +19,11 @@ INSTALL_REQUIRES = [
     "jaxtyping>=0.3,<0.4",
     "tqdm>=4.66,<5",
     "aiohttp>=3.9,<4",
+    "tensorboardX>=2.6,<3",
 ]
 
 EXTRAS = {
-    "tpu": ["jax[tpu]>=0.10.0,<0.11"],
+    "tpu": ["jax[tpu]>=0.10.0,<0.11", "gcsfs>=2024.2"],
     "gpu": ["jax[cuda12]>=0.10.0,<0.11"],
     "test": [
         "pytest>=8,<10",
@@ -31,6 +32,10 @@ EXTRAS = {
         "torch==2.13.0",
         "openai>=1.80,<4",
         "anthropic>=0.50,<3",
+        # Executing the Colab notebooks in tests.
+        "nbclient>=0.10,<0.12",
+        "nbformat>=5.10,<6",
+        "ipykernel>=6.29,<8",
     ],
 }
 

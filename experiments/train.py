@@ -24,6 +24,8 @@ def main(argv):
   del argv
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save at INFO
   logging.getLogger("jax").setLevel(logging.WARNING)
+  from legorl_jax.sharding import distributed
+  distributed.initialize_from_config(FLAGS.config)  # before anything touches a device
   from legorl_jax.trainer import pipeline
   from legorl_jax.metrics import plot
 
