@@ -10,6 +10,8 @@ command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v git >/dev/null 2>&1 || need+=(git)
 command -v tar >/dev/null 2>&1 || need+=(tar)
+command -v tmux >/dev/null 2>&1 || need+=(tmux)          # OpenHands' terminal tool
+command -v chromium >/dev/null 2>&1 || need+=(chromium)  # dashboard render test
 if [ "${#need[@]}" -gt 0 ]; then
   echo "setup_system: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -36,3 +38,7 @@ if ! docker_ok; then
   fi
 fi
 echo "setup_system: bwrap $(bwrap --version 2>/dev/null | head -1), $(docker version --format 'docker server {{.Server.Version}}' 2>/dev/null)"
+
+# Harness CLIs, each in its own virtualenv / npm prefix (idempotent; pinned in
+# legorl_jax/harnesses/install.py). Runs from the checkout, before the package is installed.
+python -m legorl_jax.harnesses.install all
