@@ -1,0 +1,116 @@
+"""Runs many trials concurrently and accounts for every one of them.
+
+``run_trials(jobs, proxy, config, out_dir)`` runs each ``TrialJob`` (task + adapter) on a
+thread pool. A trial that ends with an *infrastructure* status (``harness_error``,
+``sandbox_error``, ``verifier_error``) says nothing about the policy, so it is retried up to
+``max_retries`` times; a *policy* outcome (solved, failed, timeout, overlong, reward_hack) is
+final. Only the last attempt of each job is counted. Every attempt is appended to
+``out_dir/trials.jsonl`` as it finishes (one ``TrialResult.record()`` per line, ``final``
+marking the counted one) and ``out_dir/summary.json`` holds the totals.
+
+The training loop reuses this with its own callback (``on_result``) to collect trajectories.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from legorl_jax.harnesses.base import HarnessAdapter
+from legorl_jax.rewards import status as st
+from legorl_jax.rollout.trial import TrialConfig, TrialResult, run_trial
+from legorl_jax.tasks.schema import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialJob:
+  """One trial to run: ``group`` ties repeated samples of a task together (GRPO groups)."""
+
+  task: Task
+  adapter: HarnessAdapter
+  group: int = -1
+
+
+def summarize(results: Sequence[TrialResult]) -> dict[str, Any]:
+  """``solve_rate`` over all counted trials (infrastructure failures count as unsolved here;
+  ``solve_rate_valid`` excludes them), ``n_trials``, counts by status and by harness."""
+  n = len(results)
+  by_status = collections.Counter(r.status for r in results)
+  by_harness: dict[str, dict[str, int]] = {}
+  for r in results:
+    h = by_harness.setdefault(r.harness, {"n_trials": 0, "solved": 0})
+    h["n_trials"] += 1
+    h["solved"] += int(r.status == st.SOLVED)
+  solved = by_status.get(st.SOLVED, 0)
+  valid = sum(c for s, c in by_status.items() if not st.is_infrastructure(s))
+  return {
+      "solve_rate": solved / n if n else 0.0,
+      "solve_rate_valid": solved / valid if valid else 0.0,
+      "n_trials": n,
+      "n_solved": solved,
+      "mean_reward": sum(r.reward for r in results) / n if n else 0.0,
+      "status_counts": dict(sorted(by_status.items())),
+      "by_harness": by_harness,
+      "retries": sum(r.attempt for r in results),
+      "mean_turns": sum(r.turns for r in results) / n if n else 0.0,
+      "sampled_tokens": sum(r.sampled_tokens for r in results),
+  }
+
+
+def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: str, *,
+               concurrency: int = 2, max_retries: int = 1,
+               on_result: Callable[[TrialResult], None] | None = None,
+               extra_summary: dict[str, Any] | None = None) -> list[TrialResult]:
+  """Runs ``jobs`` (``concurrency`` at a time); returns the final result of each, in order.
+
+  Writes ``out_dir/trials.jsonl`` (every attempt, as it finishes) and ``out_dir/summary.json``
+  (``summarize`` of the final results plus ``extra_summary``). ``on_result`` sees each final
+  result (with its in-memory trajectory) on the worker thread that produced it.
+  """
+  os.makedirs(out_dir, exist_ok=True)
+  trials_path = os.path.join(out_dir, "trials.jsonl")
+  lock = threading.Lock()
+  t0 = time.perf_counter()
+
+  def write(res: TrialResult, final: bool):
+    line = res.record()
+    line["final"] = final
+    with lock:
+      with open(trials_path, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+  def one(job: TrialJob) -> TrialResult:
+    attempt = 0
+    while True:
+      res = run_trial(job.task, job.adapter, proxy, config, out_dir, group=job.group,
+                      attempt=attempt)
+      retry = res.infrastructure_failure and attempt < max_retries
+      if retry:
+        log.warning("trial %s (%s, attempt %d) ended with %s, retrying: %s", res.trial_id,
+                    res.harness, attempt, res.status, res.error[:300])
+      write(res, final=not retry)
+      if not retry:
+        break
+      attempt += 1
+    if on_result is not None:
+      on_result(res)
+    return res
+
+  with concurrent.futures.ThreadPoolExecutor(max(1, concurrency),
+                                             thread_name_prefix="legorl-trial") as pool:
+    results = list(pool.map(one, jobs))
+  summary = summarize(results)
+  summary["wall_s"] = time.perf_counter() - t0
+  summary.update(extra_summary or {})
+  with open(os.path.join(out_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2, sort_keys=True)
+  return results
