@@ -1,0 +1,79 @@
+"""Session prefix reuse: a multi-turn agent session with and without cached prefixes.
+
+Each turn resends the whole history plus ~``--turn_tokens`` new tokens (as agent harnesses do)
+and samples ``--new_tokens``. With reuse the engine prefills only the new tokens; without it,
+the whole history every turn. Both engines share the compiled shapes, an untimed session runs
+first to compile them, and the two sessions alternate turn by turn. Prints one JSON line.
+
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.prefix_reuse
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from legorl_jax.models import create_model  # noqa: E402
+from legorl_jax.sampling import Engine, SamplingParams  # noqa: E402
+
+
+def sessions(engines, rng, turns: int, turn_tokens: int, new_tokens: int, vocab: int):
+  """One session per engine, run in lockstep (turn by turn, alternating engines, so that load
+  from other processes hits both alike). Returns per engine (seconds, prefilled tokens), and
+  the final history length."""
+  params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
+  histories = [[] for _ in engines]
+  secs = [0.0 for _ in engines]
+  before = [e.stats()["prefill_tokens"] for e in engines]
+  sid = f"s{rng.integers(1 << 30)}"
+  for _ in range(turns):
+    new = rng.integers(0, vocab, turn_tokens).tolist()
+    for i, engine in enumerate(engines):
+      histories[i] = histories[i] + new
+      t0 = time.perf_counter()
+      done = engine.generate(histories[i], params, session_id=sid)
+      secs[i] += time.perf_counter() - t0
+      histories[i] = histories[i] + done.token_ids
+  out = [(secs[i], e.stats()["prefill_tokens"] - before[i]) for i, e in enumerate(engines)]
+  return out, len(histories[0])
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--preset", default="small")
+  ap.add_argument("--turns", type=int, default=10)
+  ap.add_argument("--turn_tokens", type=int, default=200)
+  ap.add_argument("--new_tokens", type=int, default=32)
+  args = ap.parse_args()
+  model = create_model(args.preset, seed=0)
+  vocab = model.config.vocab_size
+  need = args.turns * (args.turn_tokens + args.new_tokens)
+  max_len = min(1 << need.bit_length(), model.config.max_position_embeddings)
+  kw = dict(max_batch=4, max_len=max_len, prefill_buckets=(256, 1024), prefill_rows=(1,),
+            decode_rows=(1, 4), decode_chunk=16)
+  result = dict(benchmark="prefix_reuse", preset=args.preset, turns=args.turns,
+                turn_tokens=args.turn_tokens, new_tokens=args.new_tokens,
+                backend=jax.default_backend())
+  with Engine(model, prefix_reuse=True, **kw) as reuse, \
+      Engine(model, prefix_reuse=False, **kw) as plain:
+    rng = np.random.default_rng(0)
+    sessions([reuse, plain], rng, args.turns, args.turn_tokens, args.new_tokens, vocab)  # compile
+    timed, total = sessions([reuse, plain], rng, args.turns, args.turn_tokens, args.new_tokens,
+                            vocab)
+  for tag, (secs, prefilled) in zip(("reuse", "no_reuse"), timed):
+    result[f"{tag}_s"] = round(secs, 3)
+    result[f"{tag}_prefill_tokens"] = prefilled
+  result["final_context"] = total
+  result["speedup"] = round(result["no_reuse_s"] / result["reuse_s"], 2)
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,110 @@
+"""Decode throughput of the sampling engine vs ``transformers`` ``generate`` on the same weights.
+
+Creates a random ``small`` policy, saves it as a HF checkpoint, loads that checkpoint in
+PyTorch (fp32, CPU), and times greedy generation of the same prompts with both, at each batch
+size (end to end: prefill + decode, requests sent from one thread each). Both sides get a
+warm-up run first; our engine compiles its bucket shapes before timing. Prints one JSON line
+with tokens/s and the ratio per batch size, and how often both picked the same greedy token.
+
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --batches 1,16 --new_tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from legorl_jax.models import create_model, hf_io
+from legorl_jax.sampling import Engine, SamplingParams
+
+
+def _engine_run(engine: Engine, prompts, new_tokens: int) -> tuple[float, list]:
+  params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
+  out = [None] * len(prompts)
+
+  def one(i):
+    out[i] = engine.generate(prompts[i], params)
+
+  threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+  t0 = time.perf_counter()
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  return time.perf_counter() - t0, out
+
+
+def _hf_run(hf_model, prompts, new_tokens: int) -> tuple[float, np.ndarray]:
+  import torch
+  ids = torch.tensor(prompts, dtype=torch.long)
+  t0 = time.perf_counter()
+  with torch.inference_mode():
+    out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                            max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                            pad_token_id=0)
+  return time.perf_counter() - t0, out[:, ids.shape[1]:].numpy()
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--preset", default="small")
+  ap.add_argument("--batches", default="1,16")
+  ap.add_argument("--prompt_len", type=int, default=64)
+  ap.add_argument("--new_tokens", type=int, default=128)
+  ap.add_argument("--decode_chunk", type=int, default=16)
+  ap.add_argument("--repeats", type=int, default=1)
+  ap.add_argument("--torch_threads", type=int, default=0, help="0: PyTorch's default")
+  args = ap.parse_args()
+  import torch
+  from transformers import AutoModelForCausalLM
+  if args.torch_threads:
+    torch.set_num_threads(args.torch_threads)
+
+  batches = [int(b) for b in args.batches.split(",")]
+  model = create_model(args.preset, seed=0)
+  with tempfile.TemporaryDirectory() as tmp:
+    hf_io.save_pretrained(model, tmp)
+    hf_model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+
+  max_len = 1 << (args.prompt_len + args.new_tokens - 1).bit_length()
+  engine = Engine(model, max_batch=max(batches), max_len=max_len,
+                  prefill_buckets=(args.prompt_len,), prefill_rows=(1, 4),
+                  decode_chunk=args.decode_chunk,
+                  attn_buckets=tuple(b for b in (128, 256, 512, 1024) if b < max_len) + (max_len,))
+  rng = np.random.default_rng(0)
+  result = dict(benchmark="sampler", preset=args.preset, prompt_len=args.prompt_len,
+                new_tokens=args.new_tokens, decode_chunk=args.decode_chunk,
+                torch_threads=torch.get_num_threads(), backend=jax.default_backend())
+  agree = []
+  engine.warmup()  # compiles every bucket shape up front
+  with engine:
+    for b in batches:
+      prompts = rng.integers(0, model.config.vocab_size, (b, args.prompt_len)).tolist()
+      _engine_run(engine, prompts, 8)  # warm-up runs
+      _hf_run(hf_model, prompts, 8)
+      runs = [_engine_run(engine, prompts, args.new_tokens) for _ in range(args.repeats)]
+      hf_runs = [_hf_run(hf_model, prompts, args.new_tokens) for _ in range(args.repeats)]
+      ours, outs = min(runs, key=lambda r: r[0])
+      theirs, ref = min(hf_runs, key=lambda r: r[0])
+      agree.append(float(np.mean(np.array([o.token_ids for o in outs]) == ref)))
+      n = b * args.new_tokens
+      result[f"b{b}_tok_s"] = round(n / ours, 1)
+      result[f"b{b}_hf_tok_s"] = round(n / theirs, 1)
+      result[f"b{b}_speedup"] = round(theirs / ours, 2)
+  result["greedy_token_agreement"] = round(min(agree), 4)
+  result["compilations"] = engine.stats()["compilations"]
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,532 @@
+"""Continuous-batching sampling engine with per-session KV prefix reuse.
+
+One background thread owns the device: it admits queued requests into free cache rows,
+prefills their new prompt tokens in bucketed chunks, and runs ``decode_chunk`` sampling steps
+at a time over all live rows; finished rows are freed between chunks. Callers on any thread
+(``generate``) or asyncio task (``agenerate``) just wait for their ``Completion``.
+
+Shapes are drawn from fixed buckets (prefill rows x prefill length x attention window, decode
+rows x attention window), so after the bucket set has compiled no request recompiles anything.
+
+Parameter updates (``update_params``) wait for the requests submitted before them, so every
+completion is sampled with one parameter version, which it records.
+
+What a completion holds: the sampled ids and, per id, the logprob it was drawn with (see
+``sampling.sample`` for the convention); a stop string cuts the completion after the token
+that completes it, ids and logprobs alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import functools
+import threading
+import time
+from typing import Hashable, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from legorl_jax import errors
+from legorl_jax.models import params as model_params
+from legorl_jax.models.decoder import Decoder
+from legorl_jax.sampling import steps
+from legorl_jax.sampling.cache import Cache
+from legorl_jax.sampling.params import Completion, SamplingParams
+from legorl_jax.sampling.slots import SlotTable
+from legorl_jax.sampling.stop import as_decode_fn, find_stop
+from legorl_jax.sharding import rules as sharding_rules
+
+
+def _bucket(buckets: Sequence[int], need: int) -> int:
+  """Smallest bucket >= need (the largest one if none is)."""
+  for b in buckets:
+    if b >= need:
+      return b
+  return buckets[-1]
+
+
+def _geometric(lo: int, hi: int, factor: int) -> tuple[int, ...]:
+  out, b = [], lo
+  while b < hi:
+    out.append(b)
+    b *= factor
+  return tuple(out) + (hi,)
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+  prompt: list[int]
+  params: SamplingParams
+  session: Hashable | None
+  future: concurrent.futures.Future
+  seed: int
+  t_submit: float
+  slot: int = -1
+  reuse: int = 0
+  next_prefill: int = 0  # next prompt position to prefill; prefill ends at len(prompt) - 1
+  ids: list[int] = dataclasses.field(default_factory=list)
+  logps: list[float] = dataclasses.field(default_factory=list)
+  stop_checked: int = 0
+  version: int = 0
+  t_admit: float = 0.0
+  t_ready: float = 0.0
+
+  @property
+  def prefill_end(self) -> int:
+    return len(self.prompt) - 1
+
+
+class Engine:
+  """Serves ``generate`` requests from many threads on one model.
+
+  Args:
+    model: a ``Decoder``; the engine uses its parameter buffers as they are (pass a copy if
+      they will be donated elsewhere). If they live on a mesh, the cache is placed on that
+      mesh with K/V heads sharded like the attention weights.
+    max_batch: cache rows = most requests decoded at once (idle rows keep session prefixes).
+    max_len: cache slots per row; prompt + max_tokens must fit.
+    prefill_buckets: chunk lengths for prefill (default 64/256/1024 up to max_len); longer
+      prompts are prefilled in several chunks.
+    prefill_rows: how many rows one prefill call may fill (buckets).
+    decode_rows: decode runs on cache rows ``[0, b)`` for the smallest bucket ``b`` covering
+      every live row (rows are handed out lowest index first).
+    attn_buckets: attention window lengths (default: powers of two from 128 up to max_len).
+    decode_chunk: sampling steps per device call (host round trip).
+    max_stop_ids: most stop token ids per request.
+    seed: engine seed for requests without ``SamplingParams.seed``.
+    decode_fn: tokenizer (``.decode``) or ``ids -> str``, needed for stop strings only.
+    prefix_reuse: reuse cached K/V of a matching prompt prefix (off: always prefill it all).
+    cache_dtype: K/V dtype (default: the model's compute dtype).
+  """
+
+  def __init__(self, model: Decoder, *, max_batch: int = 16, max_len: int = 2048,
+               prefill_buckets: Sequence[int] | None = None,
+               prefill_rows: Sequence[int] | None = None, decode_rows: Sequence[int] | None = None,
+               attn_buckets: Sequence[int] | None = None, decode_chunk: int = 16,
+               max_stop_ids: int = 8, seed: int = 0, decode_fn=None, prefix_reuse: bool = True,
+               cache_dtype=None):
+    cfg = model.config
+    if max_batch < 1 or decode_chunk < 1 or max_stop_ids < 1:
+      raise errors.ConfigError(
+          f"Engine needs max_batch, decode_chunk and max_stop_ids >= 1, got {max_batch}, "
+          f"{decode_chunk}, {max_stop_ids}.")
+    if not 2 <= max_len <= cfg.max_position_embeddings:
+      raise errors.ConfigError(
+          f"Engine max_len={max_len} must be in [2, model.max_position_embeddings="
+          f"{cfg.max_position_embeddings}].")
+    self.config, self.max_batch, self.max_len = cfg, max_batch, max_len
+    self.decode_chunk, self.max_stop_ids = decode_chunk, max_stop_ids
+    self.prefill_buckets = self._buckets(
+        "prefill_buckets",
+        prefill_buckets or tuple(b for b in (64, 256, 1024) if b <= max_len) or (max_len,), max_len)
+    self.prefill_rows = self._buckets(
+        "prefill_rows", prefill_rows or (1, min(4, max_batch)), max_batch)
+    self.decode_rows = self._buckets(
+        "decode_rows", decode_rows or _geometric(1, max_batch, 4), max_batch, include_max=True)
+    self.attn_buckets = self._buckets(
+        "attn_buckets", attn_buckets or _geometric(min(128, max_len), max_len, 2), max_len,
+        include_max=True)
+    self._decode_fn = as_decode_fn(decode_fn)
+    self._seed_rng = np.random.default_rng(seed)
+
+    self._graphdef, self._state = nnx.split(model)
+    self._model_def, _ = model_params.split_model(model)
+    self._cache_dtype = cache_dtype
+    self._cache = self._new_cache()
+    self._prefill, self._decode = steps.PREFILL, steps.DECODE
+
+    r = max_batch  # host copy of the per-row decode state
+    self._rows = steps.DecodeRows(
+        tokens=np.zeros(r, np.int32), positions=np.full(r, -1, np.int32),
+        remaining=np.zeros(r, np.int32), temperature=np.ones(r, np.float32),
+        top_p=np.ones(r, np.float32), top_k=np.zeros(r, np.int32), seeds=np.zeros(r, np.uint32),
+        stop_ids=np.full((r, max_stop_ids), -1, np.int32))
+    self._slots = SlotTable(max_batch, reuse=prefix_reuse)
+    self._live: dict[int, _Request] = {}  # slot -> request, admission order
+    self._queue: collections.deque[_Request] = collections.deque()
+    self._cv = threading.Condition()
+    self._thread: threading.Thread | None = None
+    self._stopping = False
+    self._update = None  # a pending update_params, applied once earlier requests drained
+    self._update_lock = threading.Lock()
+    self._version = 0
+    self._stats = collections.Counter()
+
+  # -- configuration helpers --------------------------------------------------------------------
+  @staticmethod
+  def _buckets(name, values, limit, include_max=False) -> tuple[int, ...]:
+    vals = sorted({int(v) for v in values})
+    if not vals or vals[0] < 1 or vals[-1] > limit:
+      raise errors.ConfigError(f"Engine {name}={tuple(values)} must be integers in [1, {limit}].")
+    if include_max and vals[-1] != limit:
+      vals.append(limit)
+    return tuple(vals)
+
+  # -- lifecycle --------------------------------------------------------------------------------
+  def start(self) -> "Engine":
+    if self._thread is not None:
+      return self
+    self._stopping = False
+    self._thread = threading.Thread(target=self._loop, name="legorl-sampler", daemon=True)
+    self._thread.start()
+    return self
+
+  def stop(self):
+    """Stops the device thread; queued and in-flight requests fail with SamplingError."""
+    with self._cv:
+      self._stopping = True
+      self._cv.notify_all()
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+    err = errors.SamplingError("The sampling engine was stopped before this request finished.")
+    for req in list(self._queue) + list(self._live.values()):
+      self._fail(req, err)
+    self._queue.clear()
+    if self._update is not None:  # nothing left to drain: swap now
+      state, version, done, _ = self._update
+      self._apply_update(state, version)
+      self._update = None
+      done.set()
+
+  def __enter__(self):
+    return self.start()
+
+  def __exit__(self, *exc):
+    self.stop()
+
+  @property
+  def params_version(self) -> int:
+    return self._version
+
+  def stats(self) -> dict:
+    """Counters: requests, failed, prefill_tokens, reused_tokens, decoded_tokens, prefill_calls,
+    decode_calls, evictions, params_version, and compilations {prefill, decode}: traces of the
+    shared jitted steps so far, process-wide (engines of one model shape share executables)."""
+    out = {k: self._stats[k] for k in ("requests", "failed", "prefill_tokens", "reused_tokens",
+                                       "decoded_tokens", "prefill_calls", "decode_calls")}
+    out["evictions"] = self._slots.evictions
+    out["compilations"] = dict(steps.COMPILATIONS)
+    out["params_version"] = self._version
+    return out
+
+  def warmup(self):
+    """Compiles every bucket shape now (before ``start``) instead of on first use."""
+    if self._thread is not None:
+      raise errors.SamplingError("Engine.warmup() must run before Engine.start().")
+    for p in self.prefill_rows:
+      for t in self.prefill_buckets:
+        for a in self.attn_buckets:
+          self._cache = self._prefill(
+              self._graphdef, self._state, self._cache, np.full(p, self.max_batch, np.int32),
+              np.zeros((p, t), np.int32), np.full((p, t), -1, np.int32), attn_len=a)
+    for r in self.decode_rows:
+      for a in self.attn_buckets:
+        rows = jax.tree.map(lambda x: x[:r], self._rows)
+        rows = rows._replace(positions=np.full(r, -1, np.int32))
+        self._cache, *_ = self._decode(self._graphdef, self._state, self._cache, rows, num_rows=r,
+                                       attn_len=a, num_steps=self.decode_chunk)
+    jax.block_until_ready(self._cache)
+
+  # -- requests ---------------------------------------------------------------------------------
+  def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+             session_id: Hashable | None = None) -> concurrent.futures.Future:
+    """Queues a request; the future resolves to a ``Completion``. Bad requests raise here."""
+    params = params or SamplingParams()
+    prompt = self._check_request(prompt_ids, params)
+    with self._cv:
+      if self._thread is None or self._stopping:
+        raise errors.SamplingError(
+            "The sampling engine is not running; call engine.start() or use `with engine:`.")
+      seed = params.seed if params.seed is not None else int(self._seed_rng.integers(2**32))
+      req = _Request(prompt=prompt, params=params, session=session_id,
+                     future=concurrent.futures.Future(), seed=seed, t_submit=time.perf_counter())
+      self._queue.append(req)
+      self._cv.notify_all()
+    return req.future
+
+  def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+               session_id: Hashable | None = None, timeout: float | None = None) -> Completion:
+    """Blocking, thread-safe: samples one completion of ``prompt_ids``."""
+    return self.submit(prompt_ids, params, session_id).result(timeout)
+
+  async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+                      session_id: Hashable | None = None) -> Completion:
+    """``generate`` for asyncio callers (does not block the event loop)."""
+    return await asyncio.wrap_future(self.submit(prompt_ids, params, session_id))
+
+  def _check_request(self, prompt_ids, params: SamplingParams) -> list[int]:
+    if not isinstance(params, SamplingParams):
+      raise errors.ConfigError(f"params must be a SamplingParams, got {type(params).__name__}.")
+    prompt = [int(t) for t in prompt_ids]
+    v = self.config.vocab_size
+    if not prompt:
+      raise errors.ConfigError("prompt_ids is empty; a request needs at least one prompt token.")
+    bad = [t for t in prompt if not 0 <= t < v]
+    if bad:
+      raise errors.ConfigError(f"prompt_ids holds ids outside [0, {v}): {bad[:5]}.")
+    if len(prompt) + params.max_tokens > self.max_len:
+      raise errors.ContextLengthError(
+          f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} exceeds the engine's "
+          f"max_len={self.max_len}; shorten the prompt, lower max_tokens or raise Engine(max_len).")
+    if len(params.stop_token_ids) > self.max_stop_ids:
+      raise errors.ConfigError(
+          f"SamplingParams.stop_token_ids has {len(params.stop_token_ids)} ids; this engine allows "
+          f"{self.max_stop_ids} (raise Engine(max_stop_ids=...)).")
+    if any(t >= v for t in params.stop_token_ids):
+      raise errors.ConfigError(f"SamplingParams.stop_token_ids must be < vocab_size={v}.")
+    if params.stop and self._decode_fn is None:
+      raise errors.ConfigError(
+          "SamplingParams.stop needs text: construct Engine(..., decode_fn=tokenizer).")
+    return prompt
+
+  # -- parameters -------------------------------------------------------------------------------
+  def update_params(self, new, version: int | None = None, timeout: float | None = None,
+                    copy: bool = True) -> int:
+    """Swaps in new parameters without recompiling.
+
+    ``new``: a Decoder, its ``nnx.split`` state, or a flat params dict (``models.params``).
+
+    Shapes and dtypes must match; arrays are placed in the current parameters' shardings.
+    Blocks until the requests submitted before this call finish and the swap is done (later
+    requests wait meanwhile); cached prefixes are invalidated. Returns the new version
+    (``version`` or old + 1). On timeout the update is withdrawn and SamplingError raised.
+    ``copy=False`` lets the engine alias the caller's buffers (only safe when the caller never
+    donates or mutates them, e.g. a learner whose train step donates its params must copy).
+    """
+    state = self._as_state(new)
+    if jax.tree.structure(state) != jax.tree.structure(self._state):
+      raise errors.ConfigError("update_params: the new parameters' tree differs from the model's.")
+    for old, x in zip(jax.tree.leaves(self._state), jax.tree.leaves(state)):
+      if old.shape != x.shape or old.dtype != x.dtype:
+        raise errors.ConfigError(
+            f"update_params: a parameter of shape {x.shape} {x.dtype} replaces one of shape "
+            f"{old.shape} {old.dtype}; the engine only accepts identical shapes and dtypes.")
+    alias = None if not copy else False
+    state = jax.tree.map(lambda o, x: jax.device_put(x, o.sharding, may_alias=alias),
+                         self._state, state)
+    with self._update_lock:
+      version = self._version + 1 if version is None else int(version)
+      if version <= self._version:
+        raise errors.ConfigError(f"update_params: version {version} <= current {self._version}.")
+      done = threading.Event()
+      with self._cv:
+        if self._thread is None:
+          self._apply_update(state, version)
+          return version
+        # [state, version, done, requests queued before this call still to admit]
+        self._update = [state, version, done, len(self._queue)]
+        self._cv.notify_all()
+      if not done.wait(timeout):
+        with self._cv:
+          if not done.is_set():
+            self._update = None
+            raise errors.SamplingError(
+                f"update_params timed out after {timeout}s waiting for earlier requests; the "
+                "parameters were not changed.")
+    return version
+
+  def _as_state(self, new):
+    if isinstance(new, nnx.Module):
+      return nnx.split(new)[1]
+    if isinstance(new, nnx.State):
+      return new
+    if isinstance(new, dict):  # flat {"layers.0.attn.q_kernel": array} (models.params)
+      current = model_params.flatten_state(self._state)
+      if set(current) != set(new):
+        missing, extra = sorted(set(current) - set(new)), sorted(set(new) - set(current))
+        raise errors.ConfigError(
+            f"update_params: flat params keys differ from the model's: missing {missing[:5]}, "
+            f"unexpected {extra[:5]}.")
+      _, state = nnx.split(self._model_def.merge(new))
+      return state
+    raise errors.ConfigError("update_params takes a Decoder, an nnx.State or a flat params dict, "
+                             f"not {type(new).__name__}.")
+
+  def _apply_update(self, state, version):
+    self._state, self._version = state, version
+    self._slots.invalidate()
+
+  # -- device thread ----------------------------------------------------------------------------
+  def _loop(self):
+    while True:
+      with self._cv:
+        while not (self._stopping or self._queue or self._live or self._update):
+          self._cv.wait()
+        if self._stopping:
+          return
+      try:
+        self._step()
+      except Exception as e:  # noqa: BLE001 -- a failed step must not kill the server
+        self._step_failure(e)
+
+  def _step(self):
+    """One scheduling round: admit, maybe swap parameters, one prefill call, one decode chunk."""
+    with self._cv:
+      admitted = []
+      while self._queue and self._slots.num_free() > 0:
+        if self._update is not None:  # only requests queued before update_params go first
+          if self._update[3] == 0:
+            break
+          self._update[3] -= 1
+        req = self._queue.popleft()
+        req.slot, req.reuse = self._slots.acquire(req.prompt, req.session)
+        self._admit(req)
+        admitted.append(req)
+      if self._update is not None and self._update[3] == 0 and not self._live:
+        state, version, done, _ = self._update
+        self._apply_update(state, version)
+        self._update = None
+        done.set()
+    if any(r.next_prefill < r.prefill_end for r in self._live.values()):
+      self._run_prefill()
+    if any(r.next_prefill >= r.prefill_end for r in self._live.values()):
+      self._run_decode()
+
+  def _admit(self, req: _Request):
+    req.t_admit = time.perf_counter()
+    req.version = self._version
+    req.next_prefill = req.reuse
+    self._stats["reused_tokens"] += req.reuse
+    self._live[req.slot] = req
+    if req.next_prefill >= req.prefill_end:
+      self._ready(req)
+
+  def _ready(self, req: _Request):
+    """Prompt prefilled: the row's next decode step feeds the last prompt token."""
+    s, p = req.slot, req.params
+    req.t_ready = time.perf_counter()
+    r = self._rows
+    r.tokens[s], r.positions[s] = req.prompt[-1], len(req.prompt) - 1
+    r.remaining[s], r.temperature[s] = p.max_tokens, p.temperature
+    r.top_p[s], r.top_k[s], r.seeds[s] = p.top_p, p.top_k, req.seed
+    r.stop_ids[s] = -1
+    r.stop_ids[s, :len(p.stop_token_ids)] = p.stop_token_ids
+
+  def _run_prefill(self):
+    pending = [r for r in self._live.values() if r.next_prefill < r.prefill_end]
+    t = _bucket(self.prefill_buckets, pending[0].prefill_end - pending[0].next_prefill)
+    group = pending[:self.prefill_rows[-1]]
+    p = _bucket(self.prefill_rows, len(group))
+    slots = np.full(p, self.max_batch, np.int32)
+    ids = np.zeros((p, t), np.int32)
+    pos = np.full((p, t), -1, np.int32)
+    end = 0
+    for i, req in enumerate(group):
+      n = min(t, req.prefill_end - req.next_prefill)
+      a = req.next_prefill
+      slots[i], ids[i, :n], pos[i, :n] = req.slot, req.prompt[a:a + n], np.arange(a, a + n)
+      end = max(end, a + n)
+    attn = _bucket(self.attn_buckets, end)
+    try:
+      self._cache = self._prefill(self._graphdef, self._state, self._cache, slots, ids, pos,
+                                  attn_len=attn)
+    except Exception as e:  # noqa: BLE001
+      if self._cache_lost():
+        raise
+      for req in group:
+        self._fail(req, errors.SamplingError(f"prefill failed: {e!r}"))
+      return
+    self._stats["prefill_calls"] += 1
+    for i, req in enumerate(group):
+      n = int((pos[i] >= 0).sum())
+      req.next_prefill += n
+      self._stats["prefill_tokens"] += n
+      if req.next_prefill >= req.prefill_end:
+        self._ready(req)
+
+  def _run_decode(self):
+    ready = [r for r in self._live.values() if r.next_prefill >= r.prefill_end]
+    k = self.decode_chunk
+    num_rows = _bucket(self.decode_rows, max(r.slot for r in ready) + 1)
+    attn = _bucket(self.attn_buckets, max(int(self._rows.positions[r.slot]) for r in ready) + k)
+    rows = jax.tree.map(lambda x: x[:num_rows], self._rows)
+    self._cache, new_rows, out_ids, out_logp = self._decode(
+        self._graphdef, self._state, self._cache, rows, num_rows=num_rows, attn_len=attn,
+        num_steps=k)
+    new_rows, out_ids, out_logp = jax.device_get((new_rows, out_ids, out_logp))
+    self._stats["decode_calls"] += 1
+    for name in ("tokens", "positions", "remaining"):
+      getattr(self._rows, name)[:num_rows] = getattr(new_rows, name)
+    for req in ready:
+      s = req.slot
+      got = out_ids[:, s] >= 0
+      req.ids.extend(out_ids[got, s].tolist())
+      req.logps.extend(out_logp[got, s].tolist())
+      self._stats["decoded_tokens"] += int(got.sum())
+      try:
+        self._after_chunk(req)
+      except Exception as e:  # noqa: BLE001 -- e.g. a failing decode_fn fails this request only
+        self._fail(req, errors.SamplingError(f"request failed after sampling: {e!r}"))
+
+  def _after_chunk(self, req: _Request):
+    s, p = req.slot, req.params
+    finished = self._rows.positions[s] < 0
+    reason, stop = None, None
+    if finished:
+      last = req.ids[-1]
+      reason, stop = ("stop", last) if last in p.stop_token_ids else ("length", None)
+    if p.stop:
+      hit = find_stop(self._decode_fn, req.ids, p.stop, req.stop_checked)
+      if hit is not None:
+        n, stop = hit
+        del req.ids[n:], req.logps[n:]
+        finished, reason = True, "stop"
+      else:
+        req.stop_checked = len(req.ids)
+    if finished:
+      self._finish(req, reason, stop)
+
+  def _finish(self, req: _Request, reason: str, stop):
+    s = req.slot
+    self._rows.positions[s] = -1
+    del self._live[s]
+    seq = req.prompt + req.ids
+    self._slots.release(s, seq[:-1], req.session)
+    now = time.perf_counter()
+    self._stats["requests"] += 1
+    req.future.set_result(Completion(
+        token_ids=req.ids, logprobs=req.logps, finish_reason=reason, prompt_len=len(req.prompt),
+        reused_prefix_len=req.reuse, params_version=req.version, stop=stop,
+        timings=dict(queued=req.t_admit - req.t_submit, prefill=req.t_ready - req.t_admit,
+                     decode=now - req.t_ready, total=now - req.t_submit)))
+
+  def _fail(self, req: _Request, exc: Exception):
+    if req.slot >= 0 and self._live.get(req.slot) is req:
+      self._rows.positions[req.slot] = -1
+      del self._live[req.slot]
+      self._slots.release(req.slot, [])
+    self._stats["failed"] += 1
+    if not req.future.done():
+      req.future.set_exception(exc)
+
+  def _new_cache(self) -> Cache:
+    """Zero cache; on the parameters' mesh (if any) with K/V heads split like the weights."""
+    make = functools.partial(Cache.zeros, self.config, self.max_batch, self.max_len,
+                             self._cache_dtype)
+    sharding = jax.tree.leaves(self._state)[0].sharding
+    if not isinstance(sharding, NamedSharding):
+      return make()
+    c = self.config
+    shape = (self.max_batch, c.num_kv_heads, self.max_len, c.head_dim)
+    spec = sharding_rules.logical_to_spec((None, "kv_heads", None, "head_dim"), shape,
+                                          sharding.mesh)
+    return jax.jit(make, out_shardings=NamedSharding(sharding.mesh, spec))()
+
+  def _cache_lost(self) -> bool:
+    return any(x.is_deleted() for x in self._cache.k + self._cache.v)
+
+  def _step_failure(self, e: Exception):
+    """A step failed outside any single request: fail the live ones, rebuild a lost cache."""
+    err = errors.SamplingError(f"sampling engine step failed: {e!r}")
+    for req in list(self._live.values()):
+      self._fail(req, err)
+    if self._cache_lost():
+      self._cache = self._new_cache()
+    self._slots.invalidate()

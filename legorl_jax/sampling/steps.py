@@ -1,0 +1,130 @@
+"""Pure device steps of the sampler: chunked prefill and a multi-token decode loop.
+
+Both take the model as ``(graphdef, state)`` (``nnx.split`` once on the host, ``nnx.merge``
+inside the trace), so new parameters of the same shapes never trigger a recompile.
+
+Both work on a *window* of the full head-major cache (``sampling.cache``): rows
+``[:rows]`` (decode) or gathered rows (prefill), slots ``[:attn_len]``; and write it back.
+Attention cost therefore follows the longest live sequence (rounded up to a bucket), not
+``max_len``. Callers choose ``attn_len`` > every position the call touches. ``PREFILL`` /
+``DECODE`` are the jitted forms, shared by every engine (one executable per model shape and
+bucket), with the cache donated.
+
+Cache protocol: a row's K/V is valid for positions ``0..p-1`` when its next input token sits
+at position ``p``. Prefill writes a prompt *except its last token*; the decode loop feeds that
+last token, so every sampled token (the first one too) comes out of the same decode step.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from legorl_jax.sampling.cache import Cache, forward
+from legorl_jax.sampling.sample import row_keys, sample_tokens
+
+
+class DecodeRows(NamedTuple):
+  """Per-row decode state; all arrays have leading dim ``rows``.
+
+  tokens: int32 [R] next input token. positions: int32 [R] its position, -1 = inactive row.
+  remaining: int32 [R] tokens still allowed (max_tokens budget). temperature, top_p: float32 [R].
+  top_k: int32 [R]. seeds: uint32 [R]. stop_ids: int32 [R, S] stop token ids, -1 padded.
+  """
+
+  tokens: jax.Array
+  positions: jax.Array
+  remaining: jax.Array
+  temperature: jax.Array
+  top_p: jax.Array
+  top_k: jax.Array
+  seeds: jax.Array
+  stop_ids: jax.Array
+
+
+def prefill(graphdef, state, cache: Cache, slots: jax.Array, ids: jax.Array,
+            positions: jax.Array, *, attn_len: int) -> Cache:
+  """Writes K/V for a chunk of prompt tokens into some cache rows.
+
+  Args:
+    graphdef, state: ``nnx.split`` of a Decoder.
+    cache: full cache, slots ``[N, Hkv, S, Dh]``.
+    slots: int32 [P] cache row of each chunk row; ``>= N`` marks a padding row.
+    ids: int32 [P, T] tokens; positions: int32 [P, T] absolute positions, -1 = padding.
+    attn_len: static window length, > every position in ``positions``.
+  Returns:
+    The updated full cache.
+  """
+  model = nnx.merge(graphdef, state)
+  sub = cache.map(lambda x: jnp.take(x, slots, axis=0, mode="fill", fill_value=0)[:, :, :attn_len])
+  _, sub = forward(model, ids, positions, sub)
+  return cache.map2(lambda full, w: full.at[slots, :, :attn_len].set(w, mode="drop"), sub)
+
+
+def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: int,
+                 attn_len: int, num_steps: int):
+  """Runs ``num_steps`` sampling steps for cache rows ``[0, num_rows)`` on device.
+
+  A row stops (position -> -1) after sampling one of its stop ids or exhausting ``remaining``.
+  Callers guarantee ``position + num_steps <= attn_len`` for active rows.
+
+  Args:
+    graphdef, state: ``nnx.split`` of a Decoder.
+    cache: full cache, slots ``[N, Hkv, S, Dh]``.
+    rows: DecodeRows of the first ``num_rows`` cache rows.
+    num_rows, attn_len, num_steps: static window and loop sizes.
+
+  Returns:
+    (cache, rows, out_ids int32 [K, R], out_logp float32 [K, R]); ``out_ids`` is -1 where the
+    row was inactive at that step.
+  """
+  model = nnx.merge(graphdef, state)
+  sub = cache.map(lambda x: x[:num_rows, :, :attn_len])
+  k = num_steps
+
+  def step(i, carry):
+    sub, r, out_ids, out_logp = carry
+    active = r.positions >= 0
+    hidden, sub = forward(model, r.tokens[:, None], r.positions[:, None], sub)
+    logits = model.logits_from_hidden(hidden[:, 0])
+    keys = row_keys(r.seeds, jnp.maximum(r.positions, 0))
+    ids, logp = sample_tokens(logits, keys, r.temperature, r.top_p, r.top_k)
+    remaining = r.remaining - active.astype(jnp.int32)
+    hit_stop = jnp.any(ids[:, None] == r.stop_ids, axis=-1)
+    done = active & (hit_stop | (remaining <= 0))
+    r = r._replace(
+        tokens=jnp.where(active, ids, r.tokens),
+        positions=jnp.where(active & ~done, r.positions + 1, -1),
+        remaining=remaining)
+    out_ids = out_ids.at[i].set(jnp.where(active, ids, -1))
+    out_logp = out_logp.at[i].set(jnp.where(active, logp, 0.0))
+    return sub, r, out_ids, out_logp
+
+  init = (sub, rows, jnp.full((k, num_rows), -1, jnp.int32), jnp.zeros((k, num_rows), jnp.float32))
+  sub, rows, out_ids, out_logp = jax.lax.fori_loop(0, k, step, init)
+  cache = cache.map2(lambda full, w: jax.lax.dynamic_update_slice(full, w, (0, 0, 0, 0)), sub)
+  return cache, rows, out_ids, out_logp
+
+
+# Process-wide: a trace means one new compiled shape (the Python body runs only when tracing).
+COMPILATIONS: collections.Counter = collections.Counter()
+
+
+def _counted(name, fn):
+  @functools.wraps(fn)
+  def traced(*args, **kwargs):
+    COMPILATIONS[name] += 1
+    return fn(*args, **kwargs)
+  return traced
+
+
+# graphdef (arg 0) is static; the cache (arg 2) is donated and updated in place.
+PREFILL = jax.jit(_counted("prefill", prefill), static_argnums=(0,),
+                  static_argnames=("attn_len",), donate_argnums=(2,))
+DECODE = jax.jit(_counted("decode", decode_steps), static_argnums=(0,),
+                 static_argnames=("num_rows", "attn_len", "num_steps"), donate_argnums=(2,))

@@ -1,0 +1,256 @@
+"""Engine: logprob agreement with a teacher-forced forward, stops, concurrency, prefix reuse,
+compilation counts, parameter updates and error isolation (tiny preset, random weights)."""
+
+import asyncio
+import concurrent.futures
+import threading
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from legorl_jax import errors
+from legorl_jax.models import create_model
+from legorl_jax.models.params import split_model
+from legorl_jax.sampling import Engine, SamplingParams
+from legorl_jax.sampling.steps import COMPILATIONS
+from tests.sampling import reference
+
+MAX_LEN = 128
+ENGINE_KW = dict(max_batch=4, max_len=MAX_LEN, prefill_buckets=(32,), prefill_rows=(4,),
+                 decode_rows=(4,), attn_buckets=(64, MAX_LEN), decode_chunk=8, max_stop_ids=4)
+VOCAB = 8192
+
+
+def _text(ids):
+  return "".join(f"{t}|" for t in ids)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return create_model("tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+  eng = Engine(model, decode_fn=_text, seed=1, **ENGINE_KW)
+  eng.warmup()
+  with eng:
+    yield eng
+
+
+def _prompt(n, seed):
+  return np.random.default_rng(seed).integers(0, VOCAB, n).tolist()
+
+
+_FORWARD = {}
+
+
+def _teacher_logits(model, seqs):
+  """Teacher-forced logits [N, MAX_LEN, V] of each sequence (right-padded; causal)."""
+  graphdef, state = nnx.split(model)
+  if graphdef not in _FORWARD:
+    _FORWARD[graphdef] = jax.jit(lambda s, ids: nnx.merge(graphdef, s)(ids))
+  ids = np.zeros((len(seqs), MAX_LEN), np.int32)
+  for i, s in enumerate(seqs):
+    ids[i, :len(s)] = s
+  return np.asarray(_FORWARD[graphdef](state, ids))
+
+
+def _check_against_teacher(model, prompts, comps, params):
+  logits = _teacher_logits(model, [p + c.token_ids for p, c in zip(prompts, comps)])
+  for i, (p, c) in enumerate(zip(prompts, comps)):
+    n = len(p)
+    for j, tok in enumerate(c.token_ids):
+      row = logits[i, n - 1 + j]
+      t = params.temperature
+      want = reference.log_softmax(row if t == 0 else row / t)[tok]
+      assert abs(c.logprobs[j] - want) < 1e-5, (i, j, c.logprobs[j], want)
+      if t == 0:
+        assert tok == int(np.argmax(row))
+      else:
+        assert tok in reference.allowed_set(row, t, params.top_p, params.top_k)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0, max_tokens=24),
+    SamplingParams(temperature=0.7, max_tokens=24, seed=3),
+    SamplingParams(temperature=1.0, top_p=0.5, max_tokens=24),
+    SamplingParams(temperature=1.0, top_k=3, top_p=0.9, max_tokens=24),
+], ids=["greedy", "t0.7", "top_p", "top_k"])
+def test_logprobs_match_teacher_forced_forward(engine, model, params):
+  # Lengths cover: no prefill at all, one chunk, several chunks, windows 64 and 128.
+  prompts = [_prompt(n, seed=n) for n in (1, 9, 40, 90)]
+  futures = [engine.submit(p, params) for p in prompts]
+  comps = [f.result(timeout=300) for f in futures]
+  for p, c in zip(prompts, comps):
+    assert c.finish_reason == "length" and len(c.token_ids) == 24 and c.prompt_len == len(p)
+  _check_against_teacher(model, prompts, comps, params)
+
+
+def test_stop_token_ids_and_stop_strings(engine):
+  prompt = _prompt(20, seed=11)
+  seeded = dict(temperature=1.0, seed=4, max_tokens=30)  # same seed + prompt -> same draws
+  full = engine.generate(prompt, SamplingParams(**seeded))
+  ids = full.token_ids
+  j = next(j for j in range(10, 30) if ids[j] not in ids[:j])
+  by_id = engine.generate(prompt, SamplingParams(**seeded, stop_token_ids=(ids[j], VOCAB - 1)))
+  assert by_id.token_ids == ids[:j + 1] and by_id.finish_reason == "stop" and by_id.stop == ids[j]
+  np.testing.assert_allclose(by_id.logprobs, full.logprobs[:j + 1], atol=1e-5)
+
+  stop = _text([ids[7]])[-2:] + _text([ids[8]])[:2]  # spans a token (and a chunk) boundary
+  n = next(n for n in range(1, 31) if stop in _text(ids[:n]))
+  by_str = engine.generate(prompt, SamplingParams(**seeded, stop=(stop,)))
+  assert by_str.token_ids == ids[:n] and by_str.finish_reason == "stop" and by_str.stop == stop
+  np.testing.assert_allclose(by_str.logprobs, full.logprobs[:n], atol=1e-5)
+
+
+def test_concurrent_threads_and_asyncio_match_solo_runs(engine):
+  reqs = [(_prompt(5 + 6 * i, seed=100 + i),
+           SamplingParams(temperature=[0.0, 0.8, 1.0][i % 3], top_k=[0, 0, 20][i % 3],
+                          max_tokens=4 + i, seed=i)) for i in range(16)]
+  solo = [engine.generate(p, sp) for p, sp in reqs[:4]]
+  with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    threaded = list(pool.map(lambda r: engine.generate(*r), reqs))
+
+  async def many():
+    return await asyncio.gather(*(engine.agenerate(p, sp) for p, sp in reqs))
+
+  asynced = asyncio.run(many())
+  for i, (p, sp) in enumerate(reqs):
+    assert len(threaded[i].token_ids) == sp.max_tokens
+    assert threaded[i].token_ids == asynced[i].token_ids
+    np.testing.assert_allclose(threaded[i].logprobs, asynced[i].logprobs, atol=1e-5)
+  for s, t in zip(solo, threaded):  # batching does not change what a seeded request samples
+    assert s.token_ids == t.token_ids
+
+
+def test_no_recompilation_after_warmup(engine):
+  before = dict(COMPILATIONS)
+  n_buckets = (len(engine.prefill_rows) * len(engine.prefill_buckets) * len(engine.attn_buckets)
+               + len(engine.decode_rows) * len(engine.attn_buckets))
+  assert 0 < sum(before.values()) and n_buckets == 4
+  rng = np.random.default_rng(5)
+  futures = []
+  for i in range(20):
+    n = int(rng.integers(1, 100))
+    sp = SamplingParams(temperature=float(rng.choice([0.0, 0.5, 1.0])),
+                        top_p=float(rng.choice([1.0, 0.7])), top_k=int(rng.choice([0, 5])),
+                        max_tokens=int(rng.integers(1, MAX_LEN - n)),
+                        stop_token_ids=tuple(rng.integers(0, VOCAB, int(rng.integers(0, 4)))))
+    futures.append(engine.submit(_prompt(n, seed=1000 + i), sp, session_id=f"s{i % 3}"))
+  for f in futures:
+    f.result(timeout=300)
+  assert dict(COMPILATIONS) == before
+
+
+def test_prefix_reuse_prefills_only_new_tokens(engine, model):
+  plain = Engine(model, prefix_reuse=False, **ENGINE_KW)
+  greedy = SamplingParams(temperature=0.0, max_tokens=10)
+  history = _prompt(30, seed=21)
+  with plain:
+    for turn in range(3):
+      history = history + _prompt(15, seed=40 + turn)
+      before = engine.stats()
+      got = engine.generate(history, greedy, session_id="agent")
+      after = engine.stats()
+      want = plain.generate(history, greedy)
+      if turn > 0:  # previous history minus its unfed last token is cached
+        assert got.reused_prefix_len == len(history) - 15 - 1
+      assert want.reused_prefix_len == 0
+      prefilled = after["prefill_tokens"] - before["prefill_tokens"]
+      assert prefilled == len(history) - 1 - got.reused_prefix_len
+      assert after["reused_tokens"] - before["reused_tokens"] == got.reused_prefix_len
+      assert got.token_ids == want.token_ids
+      np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+      history = history + got.token_ids
+
+
+def test_update_params_swaps_without_recompiling(model):
+  other = create_model("tiny", seed=1)
+  eng = Engine(model, **ENGINE_KW)
+  eng.warmup()  # a no-op when the module's engine compiled the same shapes already
+  with eng:
+    compiled = dict(COMPILATIONS)
+    greedy = SamplingParams(temperature=0.0, max_tokens=40)
+    prompt = _prompt(12, seed=3)
+    first = eng.generate(prompt, greedy, session_id="s")
+    assert first.params_version == 0
+    inflight = eng.submit(prompt, greedy)  # drains before the swap: sampled with version 0
+    assert eng.update_params(other) == 1
+    old = inflight.result(timeout=60)
+    assert old.params_version == 0 and old.token_ids == first.token_ids
+    new = eng.generate(prompt + first.token_ids[:-1], greedy, session_id="s")
+    assert new.params_version == 1 and new.reused_prefix_len == 0  # cached K/V are stale
+    _check_against_teacher(other, [prompt + first.token_ids[:-1]], [new], greedy)
+    assert eng.update_params(split_model(model)[1], version=7) == 7  # flat params dict
+    back = eng.generate(prompt, greedy)
+    assert back.params_version == 7 and back.token_ids == first.token_ids
+    assert dict(COMPILATIONS) == compiled
+    flat = split_model(model)[1]
+    flat["embed"] = flat["embed"][:, :64]
+    with pytest.raises(errors.ConfigError, match="shape"):
+      eng.update_params(flat)
+    with pytest.raises(errors.ConfigError, match="version"):
+      eng.update_params(model, version=3)
+
+
+def test_bad_requests_fail_alone(model):
+  def flaky_decode(ids):
+    if len(ids) > 3:
+      raise RuntimeError("detokenizer broke")
+    return _text(ids)
+
+  with Engine(model, decode_fn=flaky_decode, **ENGINE_KW) as eng:
+    ok = SamplingParams(temperature=0.0, max_tokens=20)
+    with pytest.raises(errors.ContextLengthError, match="max_len"):
+      eng.generate(_prompt(120, seed=1), ok)
+    with pytest.raises(errors.ConfigError, match="outside"):
+      eng.generate([VOCAB + 5], ok)
+    with pytest.raises(errors.ConfigError, match="max_stop_ids"):
+      eng.generate([1], SamplingParams(max_tokens=4, stop_token_ids=(1, 2, 3, 4, 5)))
+    results = {}
+
+    def run(name, params):
+      try:
+        results[name] = eng.generate(_prompt(10, seed=len(name)), params)
+      except errors.SamplingError as e:
+        results[name] = e
+
+    threads = [threading.Thread(target=run, args=("good1", ok)),
+               threading.Thread(target=run, args=("bad", SamplingParams(
+                   temperature=0.0, max_tokens=20, stop=("never-appears",)))),
+               threading.Thread(target=run, args=("good2", ok))]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(timeout=120)
+    assert isinstance(results["bad"], errors.SamplingError) and "detokenizer" in str(results["bad"])
+    assert len(results["good1"].token_ids) == 20 and len(results["good2"].token_ids) == 20
+    assert eng.generate([5, 6, 7], ok).finish_reason == "length"  # still serving
+    assert eng.stats()["failed"] == 1
+  with pytest.raises(errors.ConfigError, match="decode_fn"), Engine(model, **ENGINE_KW) as plain:
+    plain.submit([1], SamplingParams(max_tokens=4, stop=("x",)))
+  with pytest.raises(errors.SamplingError, match="not running"):
+    Engine(model, **ENGINE_KW).generate([1], ok)
+
+
+@pytest.mark.slow
+def test_sharded_model_matches_single_device(model):
+  from legorl_jax.sharding.mesh import make_mesh  # 8 host devices (tests/conftest.py)
+  mesh = make_mesh(data=1, fsdp=4, tensor=2)
+  sharded = create_model("tiny", seed=0, mesh=mesh)
+  greedy = SamplingParams(temperature=0.0, max_tokens=20)
+  prompts = [_prompt(n, seed=n) for n in (5, 40, 70)]
+  with Engine(sharded, **ENGINE_KW) as eng:
+    assert eng._cache.k[0].sharding.mesh == mesh
+    got = [eng.generate(p, greedy) for p in prompts]
+    compiled = dict(COMPILATIONS)
+    again = [eng.generate(p, greedy) for p in prompts]
+    assert dict(COMPILATIONS) == compiled
+  with Engine(model, **ENGINE_KW) as eng:
+    want = [eng.generate(p, greedy) for p in prompts]
+  for g, a, w in zip(got, again, want):
+    assert g.token_ids == a.token_ids == w.token_ids
+    np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
