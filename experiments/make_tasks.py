@@ -17,7 +17,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", None, "Directory for train.jsonl / validation.jsonl (and tfds/).", required=True)
 flags.DEFINE_integer("num_train", 100, "Synthetic training tasks.")
 flags.DEFINE_integer("num_validation", 30, "Synthetic validation tasks.")
-flags.DEFINE_enum("difficulty", "easy", ["easy", "medium", "hard"], "Synthetic task difficulty.")
+flags.DEFINE_enum("difficulty", "easy", ["hinted", "easy", "medium", "hard"], "Synthetic task difficulty.")
 flags.DEFINE_integer("seed", 0, "Generation seed.")
 flags.DEFINE_bool("build_tfds", False, "Also build the array_record TFDS dataset under out_dir/tfds.")
 flags.DEFINE_string("swebench", None, "Import this SWE-bench-style JSONL instead of generating tasks.")
