@@ -106,3 +106,46 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.fsdp = -1
   c.mesh.tensor = 1
   return c
+
+
+def accelerator_config(preset: str, *, tasks_per_step: int, samples_per_task: int,
+                       max_len: int) -> ml_collections.ConfigDict:
+  """An accelerator host or slice: real harnesses in Docker sandboxes, bf16 compute, async RL
+  with TIS against the sampler's logprobs, packed rows. Weights come from ``model.checkpoint``."""
+  c = base_config()
+  c.model.preset = preset
+  c.model.remat = True
+  c.model.compute_dtype = "bfloat16"
+  c.tasks.difficulty = "easy"
+  c.harness.name = "mini-swe-agent"
+  c.harness.max_turns = 30
+  c.harness.timeout_s = 900.0
+  c.sandbox.backend = "docker"
+  c.sampling.max_tokens = 2048
+  c.engine.max_batch = 64
+  c.engine.max_len = max_len
+  c.engine.prefill_buckets = (256, 1024, 4096)
+  c.engine.decode_chunk = 32
+  c.rollout.tasks_per_step = tasks_per_step
+  c.rollout.samples_per_task = samples_per_task
+  c.rollout.concurrency = 64
+  c.rollout.overlong = "penalty"
+  c.rollout.overlong_buffer = 512
+  c.rollout.max_sampled_tokens = 2048
+  c.loss.is_correction = "tis"      # bf16 sampler vs learner mismatch
+  c.trainer.mode = "async"
+  c.trainer.max_staleness = 1
+  c.trainer.steps = 200
+  c.trainer.buckets = (4096, max_len)
+  c.trainer.rows_per_batch = 64
+  c.trainer.micro_batches = 8
+  c.trainer.pack = True
+  c.trainer.logprob_impl = None     # pallas on GPU, xla elsewhere
+  c.optim.learning_rate = 1e-6
+  c.optim.schedule = "warmup"
+  c.optim.warmup_steps = 10
+  c.sft.steps = 0
+  c.eval.every = 20
+  c.eval.samples = 4
+  c.checkpoint.every = 10
+  return c
