@@ -26,6 +26,7 @@ import threading
 import types
 
 import jax.numpy as jnp
+from flax import nnx
 import numpy as np
 import pytest
 
@@ -223,10 +224,41 @@ def check_scripted_trajectory(res, proxy, tokenizer, expected_train_segments: in
   return traj
 
 
+_FULL_FORWARD_MAX = 4096  # longer: chunked teacher forcing through the KV cache (O(T) memory)
+_CHUNK = 512
+
+
+@nnx.jit
+def _chunk_logits(model, ids, positions, cache):
+  hidden, cache = model.decode(ids, positions, cache)
+  return model.logits_from_hidden(hidden), cache
+
+
+def _teacher_forced_logits(model, token_ids):
+  """float64 [T, V] logits of a teacher-forced pass. Up to 4096 tokens: one full forward
+  (``model(ids)``, the training path). Longer (harness prompts reach 17k tokens, whose [T, T]
+  attention would need tens of GB): 512-token chunks through ``Decoder.decode`` with a KV cache,
+  a path tests/models/test_decoder.py checks against the full forward."""
+  n = len(token_ids)
+  if n <= _FULL_FORWARD_MAX:
+    return np.asarray(model(jnp.asarray([token_ids], jnp.int32))[0], np.float64)
+  size = -(-n // _CHUNK) * _CHUNK
+  cache = model.init_cache(1, size)
+  ids = np.zeros(size, np.int32)
+  ids[:n] = token_ids
+  pos = np.where(np.arange(size) < n, np.arange(size), -1).astype(np.int32)
+  out = []
+  for start in range(0, size, _CHUNK):
+    sl = slice(start, start + _CHUNK)
+    logits, cache = _chunk_logits(model, jnp.asarray(ids[None, sl]), jnp.asarray(pos[None, sl]), cache)
+    out.append(np.asarray(logits[0], np.float64))
+  return np.concatenate(out)[:n]
+
+
 def rescore(model, token_ids, temperature):
   """out[t] = log p(token_ids[t] | token_ids[:t]) (float64 NumPy log-softmax of the model's
   logits / temperature); out[0] = 0."""
-  logits = np.asarray(model(jnp.asarray([token_ids], jnp.int32))[0], np.float64)
+  logits = _teacher_forced_logits(model, token_ids)
   if temperature > 0:
     logits = logits / temperature
   logits -= logits.max(-1, keepdims=True)
