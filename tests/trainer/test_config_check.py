@@ -1,5 +1,6 @@
 """A bad config key or value fails at start with the key named."""
 
+import os
 import subprocess
 import sys
 
@@ -31,6 +32,8 @@ def test_bad_values_name_the_key(key, value, match):
 
 
 def test_unknown_override_key_fails_at_start(tmp_path):
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   r = subprocess.run([sys.executable, "-m", "experiments.train", "--workdir", str(tmp_path),
-                      "--config.trainer.stepz=3"], capture_output=True, text=True, timeout=120)
+                      "--config=experiments/configs/demo.py", "--config.trainer.stepz=3"],
+                     cwd=root, capture_output=True, text=True, timeout=120)
   assert r.returncode != 0 and "stepz" in r.stderr
