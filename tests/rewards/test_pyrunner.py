@@ -84,6 +84,10 @@ def test_outcomes_match_pytest(tmp_path):
   assert {k for k, v in ref.items() if v == "passed"} == {k for k, v in ours.items() if v == "passed"}
 
 
-def test_all_passing_exits_zero(tmp_path):
+def test_all_passing_exits_zero(tmp_path, monkeypatch):
+  # In-process run: the runner changes directory and sys.path as it would in its own process;
+  # monkeypatch puts both back for the rest of the session.
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, "path", list(sys.path))
   (tmp_path / "test_a.py").write_text("def test_a():\n    assert 1 + 1 == 2\n")
   assert pyrunner.main(["--root", str(tmp_path), "--out", str(tmp_path / "o.json"), "test_a.py"]) == 0
