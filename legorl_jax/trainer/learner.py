@@ -31,6 +31,7 @@ class Learner:
   def __init__(self, model, cfg, seed: int = 0):
     self.cfg = cfg
     self.model_def, params = split_model(model)
+    params = _device_copy(params)  # the update donates its state: never the caller's model arrays
     self.optimizer = opt_lib.make_optimizer(cfg.optim)
     state = state_lib.create_train_state(params, self.optimizer, seed=seed)
     mesh_cfg = cfg.get("mesh", None)
