@@ -6,6 +6,13 @@ pinned CLI installs), ``scripted`` (the gold-patch policy for plumbing tests and
 demonstrations) and ``registry`` (name -> adapter, mixed-harness choice).
 """
 
-from legorl_jax.harnesses.registry import HarnessChooser, get_adapter, names
-
 __all__ = ["HarnessChooser", "get_adapter", "names"]
+
+
+def __getattr__(name):
+  # Lazy: ``python -m legorl_jax.harnesses.install`` runs in CI before the package's
+  # dependencies are installed, so importing this package must not import numpy.
+  if name in __all__:
+    from legorl_jax.harnesses import registry
+    return getattr(registry, name)
+  raise AttributeError(f"module 'legorl_jax.harnesses' has no attribute {name!r}")
