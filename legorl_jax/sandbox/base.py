@@ -154,7 +154,20 @@ class Sandbox(abc.ABC):
   def _destroy(self) -> None:
     ...
 
+  def _create(self) -> None:
+    """Backend-specific creation (work dir, container, ...); called once by ``_open``."""
+    raise NotImplementedError
+
   # --- shared -----------------------------------------------------------------------------
+  def _open(self) -> None:
+    """Creates the sandbox and runs the task's setup; a failure leaves nothing behind."""
+    try:
+      self._create()
+      self.run_setup()
+    except BaseException:
+      self.destroy()
+      raise
+
   @property
   def proxy_url(self) -> str | None:
     return f"http://127.0.0.1:{self.config.proxy_port}" if self.config.proxy_socket else None

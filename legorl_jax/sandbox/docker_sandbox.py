@@ -113,12 +113,7 @@ class DockerSandbox(base.Sandbox):
     self.container = None
     self._keeper_pid = None
     self._n = 0
-    try:
-      self._create()
-      self.run_setup()
-    except BaseException:
-      self.destroy()
-      raise
+    self._open()
 
   def _image(self):
     import docker

@@ -158,12 +158,7 @@ class LocalSandbox(base.Sandbox):
     self._lock = threading.Lock()
     self._n_exec = 0
     self._areas = {}
-    try:
-      self._create()
-      self.run_setup()
-    except BaseException:
-      self.destroy()
-      raise
+    self._open()
 
   # --- creation -----------------------------------------------------------------------------
   def _create(self):
