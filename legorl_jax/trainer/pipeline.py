@@ -57,7 +57,8 @@ def load_tasks(cfg):
   """(train loader, validation tasks)."""
   if cfg.tasks.source == "synthetic":
     train = synthetic.generate_tasks(int(cfg.tasks.num_train), seed=int(cfg.seed),
-                                     difficulty=cfg.tasks.difficulty, split="train")
+                                     difficulty=cfg.tasks.difficulty, split="train",
+                                     variants=int(cfg.tasks.get("variants", 1)))
     val = synthetic.generate_tasks(int(cfg.tasks.num_val), seed=int(cfg.seed),
                                    difficulty=cfg.tasks.difficulty, split="validation")
     return TaskLoader(train, seed=int(cfg.seed)), val, train

@@ -26,6 +26,7 @@ from legorl_jax.errors import TaskError
 from legorl_jax.sandbox.diff import compute_diff
 from legorl_jax.tasks.repo import files_to_archive
 from legorl_jax.tasks.schema import Limits, RepoSource, Task, TaskMetadata, VerifierSpec
+from legorl_jax.tasks.synthetic import rename
 from legorl_jax.tasks.synthetic.mutations import FAMILIES, Mutation, candidate_mutations
 from legorl_jax.tasks.synthetic.template import Module, Template
 from legorl_jax.tasks.synthetic.templates_a import TEMPLATES_A
@@ -159,7 +160,8 @@ def _instruction(difficulty, t, module, func, call, actual, expected, bug_line=N
           f"but according to the docs I expected `{expected[1]!r}`. Other inputs may be affected too.")
 
 
-def _build(t: Template, module: Module, func: str, mut: Mutation, difficulty: str, split: str) -> Task | None:
+def _build(t: Template, module: Module, func: str, mut: Mutation, difficulty: str, split: str,
+           variant_index: int = 0) -> Task | None:
   gold_src = module.full_source()
   bug_src = mut.apply(gold_src)
   mod_name = f"{t.package}.{module.name}"
@@ -211,7 +213,10 @@ def _build(t: Template, module: Module, func: str, mut: Mutation, difficulty: st
   rel = f"{t.package}/{module.name}.py"
   gold_patch = compute_diff({rel: bug_src.encode()}, {rel: gold_src.encode()}).patch
   test_files = sorted(p for p in files if p.startswith("tests/")) + [hidden_path]
-  key = hashlib.sha256(f"{t.name}|{func}|{mut.lineno}|{mut.old}|{mut.new}|{difficulty}".encode()).hexdigest()[:10]
+  key_text = f"{t.name}|{func}|{mut.lineno}|{mut.old}|{mut.new}|{difficulty}"
+  if variant_index:
+    key_text += f"|{variant_index}|{t.package}|{module.name}"
+  key = hashlib.sha256(key_text.encode()).hexdigest()[:10]
   return Task(
       id=f"synth/{difficulty}/{t.name}/{func}/{mut.family}/{key}",
       repo=RepoSource(kind="archive", data=files_to_archive(files)),
@@ -223,15 +228,21 @@ def _build(t: Template, module: Module, func: str, mut: Mutation, difficulty: st
       metadata=TaskMetadata(language="python", difficulty=difficulty, source="synthetic",
                             extra={"template": t.name, "module": module.name, "function": func,
                                    "family": mut.family, "split": split, "bug_line": mut.lineno,
-                                   "bug_old": mut.old, "bug_new": mut.new}))
+                                   "bug_old": mut.old, "bug_new": mut.new, "variant": variant_index}))
 
 
-def generate_task_pool(difficulty: str = "easy", split: str = "train") -> list[Task]:
-  """Every valid task of one difficulty and split, in a fixed order."""
+def generate_task_pool(difficulty: str = "easy", split: str = "train", variants: int = 1) -> list[Task]:
+  """Every valid task of one difficulty and split, in a fixed order.
+
+  ``variants`` > 1 adds renamed copies of each (template, function): the same logic under new
+  package, module and variable names (``rename.variant``); variant 0 is the original.
+  """
   if difficulty not in DIFFICULTIES:
     raise TaskError(f"unknown difficulty {difficulty!r}; choose one of {DIFFICULTIES}")
   if split not in SPLITS:
     raise TaskError(f"unknown split {split!r}; choose one of {SPLITS}")
+  if int(variants) < 1:
+    raise TaskError(f"variants must be >= 1 (1 = original names only), got {variants}")
   families = _EASY_FAMILIES if difficulty in ("hinted", "easy") else FAMILIES
   pool = []
   for t in TEMPLATES:
@@ -239,23 +250,41 @@ def generate_task_pool(difficulty: str = "easy", split: str = "train") -> list[T
       for func in m.functions():
         if split_of(t.name, func) != split:
           continue
-        for mut in candidate_mutations(m.full_source(), func):
-          if mut.family in families:
-            task = _build(t, m, func, mut, difficulty, split)
-            if task is not None:
-              pool.append(task)
+        for index in range(int(variants)):
+          renamed = _same_behaviour_variant(t, m, func, index)
+          if renamed is None:
+            continue
+          tv, mv = renamed
+          for mut in candidate_mutations(mv.full_source(), func):
+            if mut.family in families:
+              task = _build(tv, mv, func, mut, difficulty, split, variant_index=index)
+              if task is not None:
+                pool.append(task)
   return pool
 
 
-def generate_tasks(n: int, *, seed: int = 0, difficulty: str = "easy", split: str = "train") -> list[Task]:
+def _same_behaviour_variant(t: Template, m: Module, func: str, index: int):
+  """``rename.variant`` when every example of the module gives the same result renamed."""
+  out = rename.variant(t, m, func, index)
+  if out is None or index == 0:
+    return out
+  calls = [c for f in m.functions() for c in m.examples.get(f, [])]
+  before = _evaluate(m.full_source(), calls, f"{t.package}.{m.name}")
+  after = _evaluate(out[1].full_source(), calls, f"{out[0].package}.{out[1].name}")
+  return out if all(_same(a, b) for a, b in zip(before, after)) else None
+
+
+def generate_tasks(n: int, *, seed: int = 0, difficulty: str = "easy", split: str = "train",
+                   variants: int = 1) -> list[Task]:
   """``n`` distinct tasks, deterministic in (seed, difficulty, split), families balanced.
 
   Tasks are drawn family by family in a seeded round robin, so rarer bug families are not
   swamped by frequent ones. Raises TaskError when the pool has fewer than ``n`` tasks.
   """
-  pool = generate_task_pool(difficulty, split)
+  pool = generate_task_pool(difficulty, split, variants)
   if n > len(pool):
-    raise TaskError(f"only {len(pool)} distinct {difficulty}/{split} synthetic tasks exist; asked for {n}")
+    raise TaskError(f"only {len(pool)} distinct {difficulty}/{split} synthetic tasks exist with "
+                    f"variants={variants}; asked for {n} (raise variants or ask for fewer)")
   rng = random.Random(f"{seed}:{difficulty}:{split}")
   by_family: dict[str, list[Task]] = {}
   for task in pool:
