@@ -5,6 +5,12 @@ phase directory (``sft_demos/``, ``eval/<name>/``, ``rollouts/``), orbax checkpo
 ``checkpoints/`` and ``summary.json``. Starting again with the same ``workdir`` resumes from
 the latest checkpoint (after SFT: the SFT phase is not repeated; during RL: the step, optimizer,
 RNG and task position continue).
+
+Multi-host (``jax.process_count() > 1``): every process runs this same function; each runs
+its share of every phase's trials (``trainer.multihost``), process 0 writes the run-level
+files, orbax writes the checkpoints from all of them. ``workdir`` may be ``gs://...``: run
+files go through ``utils.paths``, trial directories and sockets stay on the host's disk
+(``distributed.host_local_dir``).
 """
 
 from __future__ import annotations
@@ -23,18 +29,19 @@ import numpy as np
 from legorl_jax import errors
 from legorl_jax.harnesses import registry as harness_registry
 from legorl_jax.metrics.writer import MetricsWriter
-from legorl_jax.models import create_model, from_pretrained, get_preset
+from legorl_jax.models import create_model, from_pretrained, get_preset, save_pretrained
 from legorl_jax.models import tokenizer as tok_lib
 from legorl_jax.models.params import split_model
-from legorl_jax.rollout.runner import TrialJob, run_trials
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sandbox import SandboxConfig
+from legorl_jax.sharding import distributed
 from legorl_jax.tasks import synthetic
 from legorl_jax.tasks.loader import TaskLoader
-from legorl_jax.trainer import config_check, rl_loop, sft as sft_lib
+from legorl_jax.trainer import config_check, multihost, rl_loop, sft as sft_lib
 from legorl_jax.trainer.checkpoint import Checkpointer
 from legorl_jax.trainer.learner import Learner
 from legorl_jax.trainer.policy_service import PolicyService
+from legorl_jax.utils import paths
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +99,7 @@ def evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir, *, trials_path=No
   and, optionally, greedy. Trials are also appended to ``trials_path`` when given."""
   n = int(cfg.eval.samples)
   proxy = service.proxy("sample", float(cfg.sampling.temperature))
-  jobs = [TrialJob(t, adapter, group=i) for i, t in enumerate(tasks) for _ in range(n)]
-  res = run_trials(jobs, proxy, trial_cfg, os.path.join(out_dir, "sampled"),
-                   concurrency=int(cfg.rollout.concurrency), max_retries=int(cfg.rollout.max_retries))
+  res = _eval_trials(tasks, adapter, n, proxy, trial_cfg, cfg, os.path.join(out_dir, "sampled"))
   if trials_path:
     rl_loop.append_trials(trials_path, res, step=step, phase=phase, temperature=cfg.sampling.temperature)
   stats = rl_loop.solve_stats(res, k_values=sorted({1, n}))
@@ -102,21 +107,55 @@ def evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir, *, trials_path=No
          "n_trials": stats["n_trials"]}
   if cfg.eval.greedy:
     proxy = service.proxy("greedy", 0.0)
-    jobs = [TrialJob(t, adapter, group=i) for i, t in enumerate(tasks)]
-    res = run_trials(jobs, proxy, trial_cfg, os.path.join(out_dir, "greedy"),
-                     concurrency=int(cfg.rollout.concurrency), max_retries=int(cfg.rollout.max_retries))
+    res = _eval_trials(tasks, adapter, 1, proxy, trial_cfg, cfg, os.path.join(out_dir, "greedy"))
     if trials_path:
       rl_loop.append_trials(trials_path, res, step=step, phase=phase, temperature=0.0)
     out["greedy_solve_rate"] = rl_loop.solve_stats(res)["solve_rate"]
   return out
 
 
+def _eval_trials(tasks, adapter, n, proxy, trial_cfg, cfg, out_dir):
+  """``n`` trials per task, this host's share of the tasks; every host's results returned."""
+  local = multihost.run_shared_trials(tasks, [adapter] * len(tasks), n, proxy, trial_cfg, out_dir,
+                                      concurrency=int(cfg.rollout.concurrency),
+                                      max_retries=int(cfg.rollout.max_retries))
+  return multihost.gather_results(local)
+
+
+def _sampler_model(learner):
+  """The policy for this host's sampling engine (a full local copy on multi-host runs)."""
+  return learner.model_def.merge(multihost.local_params(learner.params_copy()))
+
+
+def _sft_target(learner):
+  """What ``run_sft`` updates: the learner, or its global-batch updater on a mesh (SFT
+  batches are the same on every host: the demonstrations are gathered)."""
+  if learner.mesh is None:
+    return learner
+  return multihost.ReplicatedUpdates(multihost.GlobalUpdater(learner))
+
+
+def _collect_demos(demo_tasks, adapter_for, tokenizer, trial_cfg, out_dir, sockets, cfg):
+  """Scripted demonstrations: each host collects its share, every host gets them all."""
+  if not multihost.multi_process():
+    return sft_lib.collect_demonstrations(demo_tasks, adapter_for, tokenizer, trial_cfg, out_dir,
+                                          sockets, concurrency=int(cfg.rollout.concurrency))
+  chosen = [adapter_for(t) for t in demo_tasks]  # the chooser's draws, as on one host
+  mine = list(distributed.host_share(len(demo_tasks)))
+  by_task = {id(demo_tasks[i]): chosen[i] for i in mine}
+  demos = sft_lib.collect_demonstrations([demo_tasks[i] for i in mine], lambda t: by_task[id(t)],
+                                         tokenizer, trial_cfg, out_dir, sockets,
+                                         concurrency=int(cfg.rollout.concurrency))
+  return [d for host in multihost.gather_objects(demos) for d in host]
+
+
 def run(cfg, workdir: str) -> dict:
   config_check.validate(cfg)
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(cfg.to_json(indent=2))
-  writer = MetricsWriter(workdir)
+  primary = distributed.is_coordinator()
+  paths.makedirs(workdir)
+  if primary:
+    paths.write_text(paths.join(workdir, "config.json"), cfg.to_json(indent=2))
+  writer = MetricsWriter(workdir, primary=primary)
   t_start = time.perf_counter()
   model, tokenizer = build_policy(cfg)
   loader, val_tasks, train_tasks = load_tasks(cfg)
@@ -131,10 +170,10 @@ def run(cfg, workdir: str) -> dict:
   trial_cfg = TrialConfig(harness_timeout_s=float(cfg.harness.timeout_s),
                           max_turns=int(cfg.harness.max_turns),
                           sandbox=SandboxConfig(backend=cfg.sandbox.backend))
-  sockets = os.path.join(workdir, "sockets")
-  trials_path = os.path.join(workdir, "trials.jsonl")
+  sockets = distributed.host_local_dir(workdir, "sockets")
+  trials_path = paths.join(workdir, "trials.jsonl") if primary else None  # process 0 writes
   rl_cfg = cfg
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(cfg.checkpoint.keep))
+  ckpt = Checkpointer(distributed.checkpoint_dir(workdir), keep=int(cfg.checkpoint.keep))
   learner = Learner(model, rl_cfg, seed=int(cfg.seed))
   host = {"phase": "sft", "rl_step": 0, "loader": loader.state_dict(), "before": None,
           "version": 0}
@@ -153,9 +192,8 @@ def run(cfg, workdir: str) -> dict:
         demos = sft_lib.load_demonstrations(cfg.sft.demos)
       else:
         demo_tasks = (train_tasks or loader.next_batch(int(cfg.sft.num_demos)))[:int(cfg.sft.num_demos)]
-        demos = sft_lib.collect_demonstrations(
-            demo_tasks, adapter_for, tokenizer, trial_cfg, os.path.join(workdir, "sft_demos"), sockets,
-            concurrency=int(cfg.rollout.concurrency))
+        demos = _collect_demos(demo_tasks, adapter_for, tokenizer, trial_cfg,
+                               distributed.host_local_dir(workdir, "sft_demos"), sockets, cfg)
       t_demo = time.perf_counter() - t0
       sft_cfg = sft_config(cfg)
       sft_learner = Learner(learner.model(), sft_cfg, seed=int(cfg.seed))
@@ -165,34 +203,36 @@ def run(cfg, workdir: str) -> dict:
           writer.write(step, m, phase="sft")
           print(f"[sft {step:4d}] nll {m['nll']:.4f} ({m['learner_tokens_per_s']:.0f} tok/s)", flush=True)
 
-      last = sft_lib.run_sft(sft_learner, demos, sft_cfg, steps=int(cfg.sft.steps), seed=int(cfg.seed),
-                             on_step=on_step)
+      last = sft_lib.run_sft(_sft_target(sft_learner), demos, sft_cfg, steps=int(cfg.sft.steps),
+                             seed=int(cfg.seed), on_step=on_step)
       learner = Learner(sft_learner.model(), rl_cfg, seed=int(cfg.seed))
+      # The warm-started policy as a Hugging Face checkpoint: the starting point of RL, and of
+      # the equal-time SFT-continuation baseline (experiments/benchmarks/rl_vs_sft.py).
+      save_pretrained(learner.model(), os.path.join(workdir, "sft_policy"), tokenizer=tokenizer)
       summary.update(sft_demos=len(demos), sft_final_nll=last.get("nll"),
                      sft_demo_collection_s=t_demo, sft_s=time.perf_counter() - t0)
     host["phase"] = "eval_before"
     ckpt.save(0, learner.state, host=host, force=True)
     ckpt.wait()
 
-  service = PolicyService(learner.model(), tokenizer, cfg, sockets)
+  service = PolicyService(_sampler_model(learner), tokenizer, cfg, sockets)
   try:
     if host["phase"] == "eval_before" and not cfg.eval.before_after:
       host.update(phase="rl", before={})
     if host["phase"] == "eval_before":
       # Its result lives beside the step-0 checkpoint, so a resumed run does not redo it.
-      before_path = os.path.join(workdir, "eval", "before_rl", "result.json")
-      if os.path.exists(before_path):
-        with open(before_path) as f:
-          before = json.load(f)
+      before_path = paths.join(workdir, "eval", "before_rl", "result.json")
+      if paths.exists(before_path):
+        before = json.loads(paths.read_text(before_path))
       else:
         t0 = time.perf_counter()
         before = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
-                          os.path.join(workdir, "eval", "before_rl"), trials_path=trials_path,
-                          step=0, phase="eval_before_rl")
+                          distributed.host_local_dir(workdir, "eval/before_rl"),
+                          trials_path=trials_path, step=0, phase="eval_before_rl")
         before["eval_s"] = time.perf_counter() - t0
         writer.write(0, before, phase="eval")
-        with open(before_path, "w") as f:
-          json.dump(before, f)
+        if primary:
+          paths.write_text(before_path, json.dumps(before))
       print(f"[eval before RL] {json.dumps(before)}", flush=True)
       host.update(phase="rl", before=before)
 
@@ -204,7 +244,7 @@ def run(cfg, workdir: str) -> dict:
     after = {}
     if cfg.eval.before_after:
       after = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
-                       os.path.join(workdir, "eval", "after_rl"), trials_path=trials_path,
+                       distributed.host_local_dir(workdir, "eval/after_rl"), trials_path=trials_path,
                        step=host["rl_step"], phase="eval_after_rl")
       writer.write(host["rl_step"], after, phase="eval")
       print(f"[eval after RL] {json.dumps(after)}", flush=True)
@@ -226,8 +266,8 @@ def run(cfg, workdir: str) -> dict:
       "rl_steps": host["rl_step"], "mode": cfg.trainer.mode,
       "wall_s": time.perf_counter() - t_start,
   })
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2, sort_keys=True)
+  if primary:
+    paths.write_text(paths.join(workdir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True))
   return summary
 
 
@@ -239,13 +279,17 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
   if host["rl_step"] >= steps:
     return {}
   if service.params_version < host.get("version", 0):
-    service.update_params(learner.params_copy(), version=host["version"])
+    service.update_params(multihost.local_params(learner.params_copy()), version=host["version"])
+  # This host's rows of every global batch, and how updates reach the (sharded) state.
+  rows = multihost.local_rows_per_batch(int(cfg.trainer.rows_per_batch), learner.mesh)
+  local_cfg = cfg if rows == int(cfg.trainer.rows_per_batch) else _with(cfg, trainer={"rows_per_batch": rows})
+  update = multihost.update_fn(learner)
   proxy = service.proxy("sample", float(cfg.sampling.temperature))
   progress = TrialProgress(total=steps * int(cfg.rollout.tasks_per_step) * int(cfg.rollout.samples_per_task),
                            initial=host["rl_step"] * int(cfg.rollout.tasks_per_step) * int(cfg.rollout.samples_per_task),
                            queue_depth=lambda: service.engine.stats().get("queued", 0))
   source = rl_loop.RolloutSource(loader, adapter_for, proxy, trial_cfg, cfg,
-                                 os.path.join(workdir, "rollouts"), progress=progress.update)
+                                 distributed.host_local_dir(workdir, "rollouts"), progress=progress.update)
   source.next_step = host["rl_step"] + 1
   producer = rl_loop.AsyncRollouts(source) if cfg.trainer.mode == "async" else None
   t0 = time.perf_counter()
@@ -253,12 +297,17 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
   try:
     while host["rl_step"] < steps:
       step = host["rl_step"] + 1
-      results, wall, position_after = producer.get() if producer else source.collect()
-      rl_loop.append_trials(trials_path, results, step=step, phase="rl")
-      batches, bm = rl_loop.build_batches(results, cfg, service.params_version)
+      local, wall, position_after = producer.get() if producer else source.collect()
+      results = multihost.gather_results(local)  # every host's records (this host's trajectories)
+      wall = max(multihost.gather_objects(wall))
+      if trials_path:
+        rl_loop.append_trials(trials_path, results, step=step, phase="rl")
+      batches, bm = rl_loop.build_batches(local, local_cfg, service.params_version)
+      batches = multihost.align_batches(batches, cfg.trainer.buckets, rows)
+      bm = multihost.reduce_batch_metrics(bm, len(batches))
       t1 = time.perf_counter()
-      lm = learner.update(batches) if batches else {}
-      version = service.update_params(learner.params_copy())
+      lm = update(batches) if batches else {}
+      version = service.update_params(multihost.local_params(learner.params_copy()))
       busy += time.perf_counter() - t1
       metrics = {**rl_loop.rollout_metrics(results, wall), **bm, **lm, "params_version": version,
                  "learner_utilisation": busy / max(time.perf_counter() - t0, 1e-9)}
@@ -272,7 +321,7 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
         ckpt.save(step, learner.state, host=host, metrics={"solve_rate": metrics["solve_rate"]})
       if int(cfg.eval.every) and step % int(cfg.eval.every) == 0 and step != steps:
         ev = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
-                      os.path.join(workdir, "eval", f"step_{step}"), trials_path=trials_path,
+                      distributed.host_local_dir(workdir, f"eval/step_{step}"), trials_path=trials_path,
                       step=step, phase="eval")
         writer.write(step, ev, phase="eval")
   finally:

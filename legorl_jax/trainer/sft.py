@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -51,8 +52,10 @@ def load_demonstrations(path: str) -> list[dict]:
 
 
 def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
-            on_step: Callable[[int, dict], None] | None = None) -> dict:
-  """``steps`` updates on demonstration sequences sampled (seeded) with replacement.
+            on_step: Callable[[int, dict], None] | None = None,
+            max_seconds: float | None = None) -> dict:
+  """``steps`` updates on demonstration sequences sampled (seeded) with replacement, or fewer
+  when ``max_seconds`` of wall time run out first (for equal-time baselines).
 
   ``learner`` must be built with ``loss.name = "reinforce"`` (NLL at advantage 1).
   """
@@ -62,12 +65,16 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
   rng = np.random.default_rng(seed)
   rows = int(cfg.trainer.rows_per_batch)
   last = {}
+  t0 = time.perf_counter()
   for step in range(steps):
+    if max_seconds is not None and time.perf_counter() - t0 >= max_seconds:
+      break
     pick = [seqs[i] for i in rng.integers(0, len(seqs), rows)]
     batches, _ = batching.make_batches(pick, buckets=tuple(cfg.trainer.buckets), rows_per_batch=rows,
                                        pack=bool(cfg.trainer.get("pack", False)))
     last = learner.update(batches)
     last["nll"] = last.get("loss/policy", 0.0)  # REINFORCE at advantage 1 is the token NLL
+    last["sft_step"] = step + 1
     if on_step is not None:
       on_step(step, last)
   return last
