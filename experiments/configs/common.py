@@ -90,6 +90,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.num_demos = 160
   c.sft.learning_rate = 3e-3
   c.sft.rows_per_batch = 16
+  c.sft.buckets = ()             # sequence buckets of SFT rows (default: trainer.buckets)
+  c.sft.micro_batches = 1
   c.sft.demos = ""               # a demos.jsonl to train on instead of collecting
 
   c.eval = ml_collections.ConfigDict()

@@ -64,9 +64,10 @@ class Learner:
     """One optimizer update per batch; returns metrics merged over the batches (sums and
     counts add, maxima max) plus ``learner_tokens`` and ``learner_time_s``."""
     merged, t0, tokens = {}, time.perf_counter(), 0
-    if len(batches) > 1 and "old_logp" not in batches[0]:
+    if len(batches) > 1 and "old_logp" not in batches[0] and self.cfg.loss.name != "reinforce":
       # Every update after the first sees moved parameters: score all batches under the
-      # parameters the step started from, so each batch's PPO ratio is against them.
+      # parameters the step started from, so each batch's PPO ratio is against them (REINFORCE,
+      # also the SFT loss, has no ratio).
       batches = [dict(b, old_logp=self.logprobs(b)[0]) for b in batches]
     for i, batch in enumerate(batches):
       dev = {k: jnp.asarray(v) for k, v in batch.items()}

@@ -64,12 +64,21 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
     raise ValueError("no demonstration sequences to train on (did every demo trial fail?)")
   rng = np.random.default_rng(seed)
   rows = int(cfg.trainer.rows_per_batch)
+  buckets = sorted(int(b) for b in cfg.trainer.buckets)
+  # One bucket per step, drawn in proportion to its sequences: every update is one full batch
+  # of one shape (no padding rows of a second, longer bucket).
+  by_bucket: dict[int, list] = {}
+  for s in seqs:
+    by_bucket.setdefault(next((b for b in buckets if len(s.token_ids) <= b), buckets[-1]), []).append(s)
+  sizes = sorted(by_bucket)
+  weights = np.array([len(by_bucket[b]) for b in sizes], np.float64)
   last = {}
   t0 = time.perf_counter()
   for step in range(steps):
     if max_seconds is not None and time.perf_counter() - t0 >= max_seconds:
       break
-    pick = [seqs[i] for i in rng.integers(0, len(seqs), rows)]
+    pool = by_bucket[sizes[rng.choice(len(sizes), p=weights / weights.sum())]]
+    pick = [pool[i] for i in rng.integers(0, len(pool), rows)]
     batches, _ = batching.make_batches(pick, buckets=tuple(cfg.trainer.buckets), rows_per_batch=rows,
                                        pack=bool(cfg.trainer.get("pack", False)))
     last = learner.update(batches)
