@@ -51,13 +51,44 @@ def load_demonstrations(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+def imitation_check(learner, demos: Sequence[dict], cfg) -> dict[str, float]:
+  """How well the policy reproduces demonstrations it was not trained on.
+
+  ``greedy_exact``: fraction of demonstrations whose every sampled token has probability > 1/2,
+  so greedy decoding reproduces them exactly; ``p_exact``: mean probability that sampling at
+  temperature 1 reproduces one exactly; ``nll``: token NLL. On renamed task variants this says
+  whether the policy copies names from the prompt (what transfers to new tasks), as opposed to
+  recalling training tasks.
+  """
+  seqs = [s for d in demos for s in batching.sequences_from_trajectory(d, advantage=1.0)]
+  batches, _ = batching.make_batches(seqs, buckets=tuple(cfg.trainer.buckets),
+                                     rows_per_batch=int(cfg.trainer.rows_per_batch))
+  seq_logp, exact, n_tok = [], [], 0
+  for b in batches:
+    logp, _ = learner.logprobs(b)
+    for row in range(logp.shape[0]):
+      m = b["loss_mask"][row] > 0
+      if m.any():
+        seq_logp.append(float(logp[row][m].sum()))
+        exact.append(bool((logp[row][m] > np.log(0.5)).all()))
+        n_tok += int(m.sum())
+  if not seq_logp:
+    return {}
+  return {"greedy_exact": float(np.mean(exact)), "p_exact": float(np.mean(np.exp(seq_logp))),
+          "nll": -float(np.sum(seq_logp)) / max(n_tok, 1)}
+
+
 def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
             on_step: Callable[[int, dict], None] | None = None,
-            max_seconds: float | None = None) -> dict:
+            max_seconds: float | None = None, check_demos: Sequence[dict] = (),
+            check_every: int = 50, stop_at_greedy_exact: float | None = None) -> dict:
   """``steps`` updates on demonstration sequences sampled (seeded) with replacement, or fewer
   when ``max_seconds`` of wall time run out first (for equal-time baselines).
 
-  ``learner`` must be built with ``loss.name = "reinforce"`` (NLL at advantage 1).
+  With ``check_demos``, every ``check_every`` steps (and at the end) ``imitation_check`` runs on
+  them (reported as ``check/...``); training stops early once ``greedy_exact`` reaches
+  ``stop_at_greedy_exact``. ``learner`` must be built with ``loss.name = "reinforce"`` (NLL at
+  advantage 1).
   """
   seqs = [s for d in demos for s in batching.sequences_from_trajectory(d, advantage=1.0)]
   if not seqs:
@@ -84,6 +115,13 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
     last = learner.update(batches)
     last["nll"] = last.get("loss/policy", 0.0)  # REINFORCE at advantage 1 is the token NLL
     last["sft_step"] = step + 1
+    done = step == steps - 1
+    if check_demos and ((step + 1) % max(1, int(check_every)) == 0 or done):
+      last.update({f"check/{k}": v for k, v in imitation_check(learner, check_demos, cfg).items()})
+      if stop_at_greedy_exact is not None and last.get("check/greedy_exact", 0.0) >= stop_at_greedy_exact:
+        done = True
     if on_step is not None:
       on_step(step, last)
+    if done:
+      break
   return last

@@ -47,3 +47,37 @@ def test_time_budget_stops_early():
   learner = RecordingLearner()
   assert sft.run_sft(learner, [_demo(10, 3)], _cfg(), steps=10**6, max_seconds=0.0) == {}
   assert learner.shapes == []
+
+
+class FixedLogpLearner(RecordingLearner):
+  """Scores every token of a demo at log(p) where p is the demo's first token id / 100."""
+
+  def logprobs(self, batch):
+    p = batch["input_ids"][:, :1].astype(np.float64) / 100.0
+    logp = np.where(batch["segment_ids"] > 0, np.log(np.maximum(p, 1e-9)), 0.0)
+    return logp, np.zeros_like(logp)
+
+
+def _demo_p(p_percent, n_sampled=4):
+  d = _demo(10, n_sampled)
+  d["segments"][0]["token_ids"] = [p_percent] * 10
+  return d
+
+
+def test_imitation_check_against_direct_arithmetic():
+  demos = [_demo_p(90), _demo_p(40), _demo_p(60, n_sampled=2)]
+  got = sft.imitation_check(FixedLogpLearner(), demos, _cfg())
+  seq_p = [0.9 ** 4, 0.4 ** 4, 0.6 ** 2]
+  assert np.isclose(got["p_exact"], np.mean(seq_p))
+  assert got["greedy_exact"] == 2 / 3                      # 0.4 < 1/2: greedy would differ
+  assert np.isclose(got["nll"], -(4 * np.log(0.9) + 4 * np.log(0.4) + 2 * np.log(0.6)) / 10)
+
+
+def test_check_stops_training_once_greedy_reproduces_held_out_demos():
+  learner = FixedLogpLearner()
+  last = sft.run_sft(learner, [_demo(10, 3)], _cfg(), steps=100, check_demos=[_demo_p(90)],
+                     check_every=7, stop_at_greedy_exact=0.9)
+  assert last["sft_step"] == 7 and last["check/greedy_exact"] == 1.0 and len(learner.shapes) == 7
+  last = sft.run_sft(FixedLogpLearner(), [_demo(10, 3)], _cfg(), steps=20, check_demos=[_demo_p(40)],
+                     check_every=7, stop_at_greedy_exact=0.9)
+  assert last["sft_step"] == 20 and last["check/greedy_exact"] == 0.0
