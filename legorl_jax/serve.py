@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
                   help="unknown /sess/{id} routes get 404 (sessions come from POST /sess)")
   ap.add_argument("--admin_token_env", default=None,
                   help="name of an environment variable holding the token POST /sess needs")
+  ap.add_argument("--token_cache_mb", type=float, default=32,
+                  help="text of tokenized turns cached across requests, in MB (0 = off)")
   ap.add_argument("--log_level", default="WARNING")
   return ap
 
@@ -66,7 +68,8 @@ def build_server(args):
   config = ProxyConfig(model_name=args.model_name, default_temperature=args.temperature,
                        force_temperature=args.force_temperature,
                        max_tokens_cap=args.max_tokens_cap,
-                       auto_create_sessions=not args.no_auto_sessions, admin_token=admin)
+                       auto_create_sessions=not args.no_auto_sessions, admin_token=admin,
+                       token_cache_chars=int(args.token_cache_mb * (1 << 20)))
   port = args.port if args.port is not None else (None if args.uds else 8000)
   server = ProxyServer(EngineBackend(engine), tokenizer, config, host=args.host, port=port,
                        uds=args.uds)

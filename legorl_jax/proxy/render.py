@@ -1,12 +1,14 @@
 """Neutral conversation -> prompt ids (splicing recorded generations), and output -> Reply.
 
-Prompts are rendered once per call through the tokenizer's chat template. An assistant
-message that maps to a recorded generation is rendered with a unique sentinel as its content;
-the text is then cut at the sentinels, the pieces are tokenized, and each sentinel is replaced
-by the exact ids that were sampled for that message (Invariant 1: no retokenization). When
-those ids end with the end-of-turn token, the template's own copy of it right after the
-sentinel is skipped; whatever the template writes after it (ChatML: ``\\n``) stays, as
-prompt tokens with mask 0, so the result equals a one-shot render.
+Prompts are rendered once per call through the tokenizer's chat template (natively for the
+bundled template, see ``chatml``). An assistant message that maps to a recorded generation is
+rendered with a sentinel as its content; the text is then cut at the sentinels, the pieces are
+tokenized, and each sentinel is replaced by the exact ids that were sampled for that message
+(Invariant 1: no retokenization). When those ids end with the end-of-turn token, the
+template's own copy of it right after the sentinel is skipped; whatever the template writes
+after it (ChatML: ``\\n``) stays, as prompt tokens with mask 0, so the result equals a
+one-shot render. Text is tokenized turn by turn through a cache (``pieces``), so the history a
+harness resends on every call is not tokenized again.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Mapping, Sequence
 
 from legorl_jax import errors
 from legorl_jax.models import tokenizer as tokenization
+from legorl_jax.proxy import chatml
+from legorl_jax.proxy.pieces import PieceEncoder
 from legorl_jax.proxy.types import Message, Reply, RenderedRequest, ToolCall, new_id
 from legorl_jax.sampling.params import Completion
 
@@ -24,22 +28,25 @@ from legorl_jax.sampling.params import Completion
 class ChatRenderer:
   """Renders neutral requests with one tokenizer's chat template and parses its outputs."""
 
-  def __init__(self, tokenizer, chat_template: str | None = None):
+  def __init__(self, tokenizer, chat_template: str | None = None, *,
+               cache_chars: int = 32 << 20, native: bool = True):
+    """``cache_chars``: size of the tokenized-piece cache (0: none). ``native``: render the
+    bundled template natively (False: always through `transformers`)."""
     self.tokenizer = tokenizer
     self.chat_template = chat_template
     self.stop_ids = tuple(tokenization.stop_token_ids(tokenizer))
     self._stop_set = frozenset(self.stop_ids)
     self._stop_text = {i: tokenizer.decode([i], skip_special_tokens=False) for i in self.stop_ids}
-    # The Rust tokenizer directly: same ids as ``tokenizer.encode``, without its Python layers.
-    self._fast = getattr(tokenizer, "backend_tokenizer", None)
+    self.pieces = PieceEncoder(tokenizer, cache_chars)
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    self._native = chatml.native_renderer(template) if native else None
+    # Sentinels are fixed per renderer so that a resent history renders to the same text (and
+    # hits the piece cache); the nonce keeps them out of reach of message contents.
+    self._nonce = secrets.token_hex(8)
 
   # -- prompts ----------------------------------------------------------------------------------
   def encode(self, text: str) -> list[int]:
-    if not text:
-      return []
-    if self._fast is not None:
-      return self._fast.encode(text, add_special_tokens=False).ids
-    return list(self.tokenizer.encode(text, add_special_tokens=False))
+    return self.pieces.encode(text)
 
   def render(self, request: RenderedRequest, splices: Mapping[int, Sequence[int]] | None = None
              ) -> list[int]:
@@ -57,24 +64,26 @@ class ChatRenderer:
         prefill = True
       else:  # An empty trailing assistant turn asks for nothing: drop it.
         msgs.pop()
-    nonce = secrets.token_hex(6)
-    sentinels = {i: f"\u27e6splice-{nonce}-{i}\u27e7" for i in splices}
-    text = self._render_text(msgs, request.tools, sentinels, not prefill)
+    sentinels = {i: f"\u27e6splice-{self._nonce}-{i}\u27e7" for i in splices}
+    tools_key = request.tools_key()
+    text = self._render_text(msgs, request.tools, sentinels, not prefill, tools_key)
     if prefill:
       text = self._cut_prefill(text, msgs[-1])
-    missing = [i for i, s in sentinels.items() if s not in text]
-    if missing:  # The template dropped a message's content: render those messages normally.
-      for i in missing:
+    found = _locate(text, sentinels)
+    while len(found) < len(sentinels):
+      # The template dropped (or moved) a message's content: render those messages normally.
+      for i in [i for i in sentinels if i not in found]:
         del splices[i], sentinels[i]
-      text = self._render_text(msgs, request.tools, sentinels, not prefill)
+      text = self._render_text(msgs, request.tools, sentinels, not prefill, tools_key)
       if prefill:
         text = self._cut_prefill(text, msgs[-1])
+      found = _locate(text, sentinels)
     ids: list[int] = []
     cursor = 0
     for i in sorted(sentinels):
-      pos = text.index(sentinels[i], cursor)
+      pos = found[i]
       ids.extend(self.encode(text[cursor:pos]))
-      sampled = list(splices[i])
+      sampled = splices[i]
       ids.extend(sampled)
       cursor = pos + len(sentinels[i])
       if sampled and sampled[-1] in self._stop_set:
@@ -86,13 +95,19 @@ class ChatRenderer:
       raise errors.ProxyError("The request renders to an empty prompt; send at least one message.")
     return ids
 
-  def _render_text(self, msgs: Sequence[Message], tools, sentinels, add_generation_prompt):
+  def _render_text(self, msgs: Sequence[Message], tools, sentinels, add_generation_prompt,
+                   tools_key=None):
     out = []
     for i, m in enumerate(msgs):
       if i in sentinels:
         out.append({"role": "assistant", "content": sentinels[i]})
       else:
         out.append(template_message(m))
+    if self._native is not None:
+      try:
+        return self._native(out, tools or None, add_generation_prompt, tools_key or None)
+      except chatml.TemplateError as e:
+        raise errors.ProxyError(f"The conversation cannot be rendered: {e}") from e
     try:
       return tokenization.render_chat_text(
           self.tokenizer, out, tools=tools or None, add_generation_prompt=add_generation_prompt,
@@ -143,6 +158,17 @@ class ChatRenderer:
       args = {"input": raw if isinstance(raw, str) else json.dumps(args, ensure_ascii=False)}
     return ToolCall(id=new_id(id_prefix), name=call["name"], arguments=args, kind=spec.kind,
                     namespace=spec.namespace)
+
+
+def _locate(text: str, sentinels: Mapping[int, str]) -> dict[int, int]:
+  """Positions of the sentinels found in message order (one forward scan of ``text``)."""
+  out, cursor = {}, 0
+  for i in sorted(sentinels):
+    pos = text.find(sentinels[i], cursor)
+    if pos >= 0:
+      out[i] = pos
+      cursor = pos + len(sentinels[i])
+  return out
 
 
 def template_message(m: Message) -> dict:

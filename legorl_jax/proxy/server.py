@@ -249,6 +249,9 @@ class ProxyServer:
     return session
 
   async def _json(self, request: web.Request):
+    if (request.content_length or 0) > self.config.max_body_bytes:  # refuse before waiting
+      raise ProxyError(f"request body exceeds {self.config.max_body_bytes} bytes.", status=413,
+                       code="request_too_large")
     try:
       raw = await request.read()
     except web.HTTPRequestEntityTooLarge:

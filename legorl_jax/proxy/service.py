@@ -34,7 +34,8 @@ class ProxyConfig:
   bounds any request. auto_create_sessions: the first request on ``/sess/{id}`` creates the
   session (else unknown ids get 404). train_streams: streams whose segments are trained on.
   admin_token: required by ``POST /sess`` when set. record_anonymous: record ``/v1`` calls
-  into the session "anonymous".
+  into the session "anonymous". token_cache_chars: text of the tokenized turns kept so that
+  resent histories are not tokenized again (0: off).
   """
 
   model_name: str = "legorl-policy"
@@ -50,6 +51,7 @@ class ProxyConfig:
   max_body_bytes: int = 64 << 20
   admin_token: str | None = None
   record_anonymous: bool = False
+  token_cache_chars: int = 32 << 20
 
 
 class ProxyService:
@@ -59,7 +61,8 @@ class ProxyService:
                chat_template: str | None = None):
     self.backend = backend
     self.config = config or ProxyConfig()
-    self.renderer = ChatRenderer(tokenizer, chat_template)
+    self.renderer = ChatRenderer(tokenizer, chat_template,
+                                 cache_chars=self.config.token_cache_chars)
     self.sessions = SessionStore(self.config.train_streams)
 
   @property

@@ -87,16 +87,27 @@ class RenderedRequest:
   stream_hint: str | None = None
   extra: dict = dataclasses.field(default_factory=dict)  # API-specific echo fields
   prompt_ids: list[int] | None = None
+  # Memo of tools_key(): a call asks for it several times (stream, render, record) and tool
+  # sets run to tens of kB of JSON. Reset it if ``tools`` is replaced after a call.
+  _tools_key: str | None = dataclasses.field(default=None, init=False, repr=False,
+                                             compare=False)
 
   def system_text(self) -> str:
     return "\n\n".join(m.content for m in self.messages if m.role == "system")
 
   def tools_key(self) -> str:
-    """A short stable digest of the tool set (empty string when there are no tools)."""
-    if not self.tools:
-      return ""
-    blob = json.dumps(self.tools, sort_keys=True, ensure_ascii=False).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    """A short digest of the tool set as sent (empty string when there are no tools).
+
+    Key order counts: the chat template renders the tools in the order they came, so two
+    orderings are two prompts (and the rendered tool block is cached by this key).
+    """
+    if self._tools_key is None:
+      if not self.tools:
+        self._tools_key = ""
+      else:
+        blob = json.dumps(self.tools, ensure_ascii=False).encode()
+        self._tools_key = hashlib.sha256(blob).hexdigest()[:16]
+    return self._tools_key
 
 
 @dataclasses.dataclass
