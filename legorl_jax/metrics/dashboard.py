@@ -14,12 +14,13 @@ import os
 
 from legorl_jax.metrics import plot
 from legorl_jax.metrics.writer import read_metrics
+from legorl_jax.utils import paths
 
 
 def _read_jsonl(path: str) -> list[dict]:
   out = []
-  if os.path.exists(path):
-    with open(path) as f:
+  if paths.exists(path):
+    with paths.open_file(path) as f:
       for line in f:
         try:
           out.append(json.loads(line))
@@ -29,7 +30,7 @@ def _read_jsonl(path: str) -> list[dict]:
 
 
 def _trials(workdir: str) -> list[dict]:
-  rows = [r for r in _read_jsonl(os.path.join(workdir, "trials.jsonl")) if r.get("final", True)]
+  rows = [r for r in _read_jsonl(paths.join(workdir, "trials.jsonl")) if r.get("final", True)]
   return rows
 
 
@@ -77,9 +78,9 @@ def build(workdir: str, tokenizer=None, max_trials: int = 120) -> str:
   for t in trials[-max_trials:]:
     path = t.get("trajectory_path")
     traj = {}
-    if path and os.path.exists(path):
+    if path and paths.exists(path):
       try:
-        with open(path) as f:
+        with paths.open_file(path) as f:
           traj = json.load(f)
       except (OSError, ValueError):
         traj = {}
@@ -87,22 +88,27 @@ def build(workdir: str, tokenizer=None, max_trials: int = 120) -> str:
                    "reward": t.get("reward"), "step": t.get("step"), "harness": t.get("harness"),
                    "turns": t.get("turns"), "segments": _token_view(traj, tokenizer)})
   summary = {}
-  spath = os.path.join(workdir, "summary.json")
-  if os.path.exists(spath):
-    with open(spath) as f:
+  spath = paths.join(workdir, "summary.json")
+  if paths.exists(spath):
+    with paths.open_file(spath) as f:
       summary = json.load(f)
   data = json.dumps(browse).replace("</", "<\\/")
   return _PAGE.format(
-      title=html.escape(os.path.basename(os.path.abspath(workdir))),
+      title=html.escape(_run_name(workdir)),
       summary=html.escape(json.dumps(summary, indent=1, sort_keys=True)),
       charts="".join(f'<div class="chart-box">{s}</div>' for s in chart_svgs),
       grid=grid_html, data=data, n_trials=len(trials))
 
 
+def _run_name(workdir: str) -> str:
+  if paths.is_remote(workdir):
+    return str(workdir).rstrip("/").rsplit("/", 1)[-1]
+  return os.path.basename(os.path.abspath(workdir))
+
+
 def write(workdir: str, tokenizer=None, out: str | None = None) -> str:
-  out = out or os.path.join(workdir, "dashboard.html")
-  with open(out, "w") as f:
-    f.write(build(workdir, tokenizer))
+  out = out or paths.join(workdir, "dashboard.html")
+  paths.write_text(out, build(workdir, tokenizer))
   return out
 
 

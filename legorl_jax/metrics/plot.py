@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import html
-import os
 from typing import Sequence
 
 from legorl_jax.metrics.writer import read_metrics
+from legorl_jax.utils import paths
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf")
 
@@ -74,7 +74,6 @@ def write_curves(workdir: str) -> str:
   """Writes ``workdir/curves.svg`` (solve-rate chart) and returns its path."""
   charts = curves(read_metrics(workdir))
   svg = line_chart_svg(charts["Solve rate"], "Solve rate", y_range=(0.0, 1.0))
-  path = os.path.join(workdir, "curves.svg")
-  with open(path, "w") as f:
-    f.write(svg)
+  path = paths.join(workdir, "curves.svg")
+  paths.write_text(path, svg)
   return path

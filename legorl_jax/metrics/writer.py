@@ -1,15 +1,20 @@
-"""Scalar metrics to ``metrics.jsonl`` and TensorBoard event files, from the host only."""
+"""Scalar metrics to ``metrics.jsonl`` and TensorBoard event files, from the host only.
+
+The workdir may be local or remote (``gs://``, see ``legorl_jax.utils.paths``). In a
+multi-host run only process 0 writes (``primary=False`` elsewhere makes the writer inert).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-import os
 import time
 from typing import Any, Mapping
 
 import numpy as np
+
+from legorl_jax.utils import paths
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +31,23 @@ class MetricsWriter:
   """Appends ``{"step": s, "time": t, "phase": ..., **scalars}`` lines to ``DIR/metrics.jsonl``
   and mirrors them as TensorBoard scalars under ``DIR/tb`` (``phase/name`` tags)."""
 
-  def __init__(self, workdir: str, tensorboard: bool = True):
-    os.makedirs(workdir, exist_ok=True)
-    self.path = os.path.join(workdir, "metrics.jsonl")
-    self._f = open(self.path, "a", buffering=1)
+  def __init__(self, workdir: str, tensorboard: bool = True, primary: bool = True):
+    self.path = paths.join(workdir, "metrics.jsonl")
+    self._f = None
     self._tb = None
-    if tensorboard:
+    if not primary:
+      return
+    paths.makedirs(workdir)
+    self._f = paths.AppendFile(self.path)
+    if tensorboard and paths.is_remote(workdir):
+      # tensorboardX writes gs:// only with extra (TensorFlow/boto) dependencies; the JSONL
+      # log is the record of the run and TensorBoard can read a local copy of it later.
+      log.warning("remote workdir %s: TensorBoard events are not written (metrics.jsonl is).",
+                  workdir)
+    elif tensorboard:
       try:
         from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+        self._tb = SummaryWriter(paths.join(workdir, "tb"))
       except ImportError:
         log.warning("tensorboardX is not installed; writing metrics.jsonl only.")
 
@@ -44,6 +57,8 @@ class MetricsWriter:
       f = _scalar(v)
       if f is not None:
         clean[k] = f if math.isfinite(f) else None
+    if self._f is None:
+      return
     line = {"step": int(step), "time": time.time(), "phase": phase, **clean}
     self._f.write(json.dumps(line) + "\n")
     if self._tb is not None:
@@ -52,16 +67,17 @@ class MetricsWriter:
           self._tb.add_scalar(f"{phase}/{k}", v, int(step))
 
   def close(self):
-    self._f.close()
+    if self._f is not None:
+      self._f.close()
     if self._tb is not None:
       self._tb.close()
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, "metrics.jsonl")
+  path = paths.join(workdir, "metrics.jsonl")
   out = []
-  if os.path.exists(path):
-    with open(path) as f:
+  if paths.exists(path):
+    with paths.open_file(path) as f:
       for line in f:
         line = line.strip()
         if line:

@@ -90,7 +90,9 @@ def sft_config(cfg):
                           "entropy_coef": 0.0},
                optim={"learning_rate": float(cfg.sft.learning_rate), "schedule": "constant"},
                trainer={"rows_per_batch": int(cfg.sft.rows_per_batch),
-                        "micro_batches": min(int(cfg.trainer.micro_batches), int(cfg.sft.rows_per_batch))})
+                        "micro_batches": int(cfg.sft.get("micro_batches", 1)),
+                        "buckets": tuple(cfg.sft.get("buckets") or cfg.trainer.buckets),
+                        "pack": False})
 
 
 def evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir, *, trials_path=None, step=0,

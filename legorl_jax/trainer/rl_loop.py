@@ -24,8 +24,10 @@ import numpy as np
 from legorl_jax.rl import advantages as adv_lib
 from legorl_jax.rewards import status as st
 from legorl_jax.rollout import batching, filters
-from legorl_jax.rollout.runner import TrialJob, run_trials, summarize
+from legorl_jax.rollout.runner import summarize
 from legorl_jax.rollout.trial import TrialConfig, TrialResult
+from legorl_jax.trainer import multihost
+from legorl_jax.utils import paths
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ def build_batches(results: Sequence[TrialResult], cfg, current_version: int
   valid = grouped.valid
   metrics = {
       "reward_mean": float(grouped.rewards[valid].mean()) if valid.any() else 0.0,
+      "trials_valid": float(valid.sum()),
       "trials_in_loss": float(mask.sum()),
       "groups_in_loss": float((mask.sum(1) > 0).sum()),
       "advantage_abs_mean": float(np.abs(adv[mask > 0]).mean()) if mask.any() else 0.0,
@@ -91,14 +94,14 @@ def build_batches(results: Sequence[TrialResult], cfg, current_version: int
     ages = [current_version - min(r.params_versions) for r in results if r.params_versions]
     metrics["staleness_mean"] = float(np.mean(ages)) if ages else 0.0
     metrics["staleness_max"] = float(np.max(ages)) if ages else 0.0
+    metrics["staleness_count"] = float(len(ages))
   return batches, metrics
 
 
 def append_trials(path: str, results: Sequence[TrialResult], **fields) -> None:
-  """Appends the final record of each trial, tagged with ``fields`` (e.g. step, phase)."""
-  with open(path, "a") as f:
-    for r in results:
-      f.write(json.dumps({**r.record(), **fields}) + "\n")
+  """Appends the final record of each trial, tagged with ``fields`` (e.g. step, phase);
+  ``path`` may be remote (``gs://``)."""
+  paths.append_lines(path, [json.dumps({**r.record(), **fields}) for r in results])
 
 
 def rollout_metrics(results: Sequence[TrialResult], wall_s: float) -> dict[str, float]:
@@ -116,7 +119,10 @@ def rollout_metrics(results: Sequence[TrialResult], wall_s: float) -> dict[str, 
 
 
 class RolloutSource:
-  """Produces one step's trial results: ``tasks_per_step`` tasks x ``samples_per_task``."""
+  """Produces one step's trial results: ``tasks_per_step`` tasks x ``samples_per_task``.
+
+  With several processes every host draws the same tasks and runs its share of them
+  (``multihost.run_shared_trials``); ``collect`` returns this host's results only."""
 
   def __init__(self, loader, adapter_for: Callable, proxy, trial_cfg: TrialConfig, cfg,
                out_dir: str, progress=None):
@@ -129,15 +135,15 @@ class RolloutSource:
     n = int(self.cfg.rollout.samples_per_task)
     tasks = self.loader.next_batch(int(self.cfg.rollout.tasks_per_step))
     position = self.loader.state_dict()  # where a resumed run continues
-    jobs = [TrialJob(task, self.adapter_for(task), group=g) for g, task in enumerate(tasks)
-            for _ in range(n)]
+    # Every trial's harness, chosen on every host in the same order (a seeded chooser).
+    adapters = [[self.adapter_for(task) for _ in range(n)] for task in tasks]
     t0 = time.perf_counter()
     step_dir = os.path.join(self.out_dir, f"step_{self.next_step:05d}")
     self.next_step += 1
-    results = run_trials(jobs, self.proxy, self.trial_cfg, step_dir,
-                         concurrency=int(self.cfg.rollout.concurrency),
-                         max_retries=int(self.cfg.rollout.max_retries),
-                         on_result=self.progress)
+    results = multihost.run_shared_trials(tasks, adapters, n, self.proxy, self.trial_cfg, step_dir,
+                                          concurrency=int(self.cfg.rollout.concurrency),
+                                          max_retries=int(self.cfg.rollout.max_retries),
+                                          on_result=self.progress)
     return results, time.perf_counter() - t0, position
 
 
