@@ -7,6 +7,7 @@ because the update donates its input buffers).
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -43,6 +44,7 @@ class Learner:
       state = jax.device_put(state, self.state_sh)
       self._step = None
       self._step_fn = step_fn
+      self._sharded_steps = {}
     else:
       self.state_sh = None
       self._step = jax.jit(step_fn, donate_argnums=(0,), static_argnames=("scored_cap",))
@@ -55,10 +57,15 @@ class Learner:
   def step(self) -> int:
     return int(self.state.step)
 
-  def _jitted(self, batch):
-    if self._step is None:  # sharded: built once (batch shardings depend on keys and ranks only)
-      self._step = ts.jit_train_step(self._step_fn, self.state_sh, ts.batch_shardings(batch, self.mesh))
-    return self._step
+  def _jitted(self, batch, cap):
+    """The update for ``batch``'s keys; on a mesh, one jitted step per scored-token cap (the cap
+    is closed over: jit with explicit in_shardings takes positional arguments only)."""
+    if self.mesh is None:
+      return functools.partial(self._step, scored_cap=cap)
+    if cap not in self._sharded_steps:  # batch shardings depend on keys and ranks only
+      self._sharded_steps[cap] = ts.jit_train_step(functools.partial(self._step_fn, scored_cap=cap),
+                                                   self.state_sh, ts.batch_shardings(batch, self.mesh))
+    return self._sharded_steps[cap]
 
   def update(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
     """One optimizer update per batch; returns metrics merged over the batches (sums and
@@ -73,7 +80,7 @@ class Learner:
       dev = {k: jnp.asarray(v) for k, v in batch.items()}
       cap = (ts.scored_cap_for(batch, int(self.cfg.trainer.get("micro_batches", 1)))
              if self.cfg.trainer.get("lm_head_on_scored_only", True) else None)
-      self.state, m = self._jitted(dev)(self.state, dev, scored_cap=cap)
+      self.state, m = self._jitted(dev, cap)(self.state, dev)
       m = {k: float(v) for k, v in m.items()}
       tokens += int(np.sum(batch["segment_ids"] > 0))
       for k, v in m.items():
