@@ -14,6 +14,7 @@ import subprocess
 import tarfile
 
 from legorl_jax.errors import TaskError
+from legorl_jax.tasks import tree_check
 from legorl_jax.tasks.schema import RepoSource
 
 _GIT_ENV = {
@@ -21,6 +22,8 @@ _GIT_ENV = {
     "GIT_COMMITTER_NAME": "legorl", "GIT_COMMITTER_EMAIL": "legorl@localhost",
     "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
     "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+    # Task URLs are untrusted: no `ext::` (runs commands) or other exotic transports.
+    "GIT_ALLOW_PROTOCOL": "file:git:http:https:ssh",
 }
 
 
@@ -38,18 +41,39 @@ def _resolve(repo: RepoSource, p: str) -> str:
   return os.path.join(repo.base_dir, p)
 
 
-def materialize_repo(repo: RepoSource, dest: str, *, git_mirror_dir: str | None = None) -> None:
+def materialize_repo(repo: RepoSource, dest: str, *, git_mirror_dir: str | None = None,
+                     limits: tree_check.RepoLimits = tree_check.DEFAULT_LIMITS) -> None:
   """Creates ``dest`` holding the repository's files at the task's base state.
+
+  The contents are untrusted: members or links that leave the repository, special files and
+  anything over ``limits`` are refused with a TaskError naming the entry (see
+  ``tree_check``), and nothing is left at ``dest``.
 
   ``git_mirror_dir``: for git sources, a directory of local clones named ``owner__name``
   (or ``owner__name.git``) used instead of the network URL when present.
   """
   if os.path.exists(dest):
     raise TaskError(f"destination {dest!r} already exists")
+  try:
+    _materialize(repo, dest, git_mirror_dir, limits)
+    tree_check.check_tree(dest, _describe(repo), limits)
+  except BaseException:
+    shutil.rmtree(dest, ignore_errors=True)
+    raise
+
+
+def _describe(repo: RepoSource) -> str:
+  if repo.kind == "git":
+    return f"{repo.url}@{repo.commit}"
+  return repo.path or "<inline archive>"
+
+
+def _materialize(repo, dest, git_mirror_dir, limits):
   if repo.kind == "dir":
     src = _resolve(repo, repo.path)
     if not os.path.isdir(src):
       raise TaskError(f"repository directory {src!r} does not exist; fix repo.path")
+    tree_check.check_tree(src, repr(src), limits)  # before copying: refuse a huge tree early
     shutil.copytree(src, dest, symlinks=True)
   elif repo.kind == "archive":
     if repo.data is not None:
@@ -60,13 +84,16 @@ def materialize_repo(repo: RepoSource, dest: str, *, git_mirror_dir: str | None 
         raise TaskError(f"repository archive {src!r} does not exist; fix repo.path")
       fileobj = open(src, "rb")
     os.makedirs(dest)
+    what = repr(repo.path) if repo.path else "(inline archive_b64)"
     try:
       with tarfile.open(fileobj=fileobj, mode="r:*") as tf:
-        top_dirs = {m.name.strip("/") for m in tf.getmembers() if m.isdir() and not m.name.startswith(".")}
-        tf.extractall(dest, filter="data")
-    except (tarfile.TarError, OSError, EOFError) as e:
-      shutil.rmtree(dest, ignore_errors=True)
-      raise TaskError(f"repository archive for {repo.path or '<inline>'} is unreadable: {e}") from None
+        members = tree_check.check_archive(tf, what, limits)
+        top_dirs = {m.name.strip("/") for m in members if m.isdir() and not m.name.startswith(".")}
+        tf.extractall(dest, members=members, filter="data")
+    except (tarfile.TarError, OSError, EOFError, ValueError) as e:
+      detail = " ".join(str(e).split())[:400]
+      raise TaskError(f"repository archive {what} is unreadable ({type(e).__name__}: {detail}); "
+                      "repo archives must be .tar, .tar.gz, .tar.bz2 or .tar.xz files") from None
     finally:
       fileobj.close()
     _strip_single_top_dir(dest, top_dirs)
@@ -81,10 +108,9 @@ def materialize_repo(repo: RepoSource, dest: str, *, git_mirror_dir: str | None 
     os.makedirs(dest)
     try:
       _git(["init", "-q"], dest)
-      _git(["fetch", "-q", "--depth", "1", url, repo.commit], dest)
+      _git(["fetch", "-q", "--depth", "1", "--", url, repo.commit], dest)
       _git(["checkout", "-q", "FETCH_HEAD"], dest)
     except (TaskError, subprocess.TimeoutExpired) as e:
-      shutil.rmtree(dest, ignore_errors=True)
       raise TaskError(f"cannot fetch {url} at {repo.commit}: {e}") from None
   else:
     raise TaskError(f"unknown repository kind {repo.kind!r}")
@@ -105,7 +131,10 @@ def _strip_single_top_dir(dest, top_dirs):
 
 def squash_git_history(path: str, message: str = "Initial commit") -> str:
   """Replaces any history in ``path`` by one commit of the current files; returns its hash."""
-  shutil.rmtree(os.path.join(path, ".git"), ignore_errors=True)
+  dot_git = os.path.join(path, ".git")
+  if os.path.islink(dot_git) or os.path.isfile(dot_git):  # a `gitdir:` file would redirect git
+    os.unlink(dot_git)
+  shutil.rmtree(dot_git, ignore_errors=True)
   _git(["init", "-q", "-b", "main"], path)
   _git(["config", "core.hooksPath", "/dev/null"], path)
   _git(["add", "-A", "."], path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import math
 import posixpath
 import re
 from typing import Any
@@ -19,6 +20,10 @@ REPO_KINDS = ("dir", "archive", "git")
 VERIFIER_KINDS = ("pyrunner", "pytest", "command")
 DEFAULT_WORKDIR = "/workspace"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,199}$")
+# The sandbox owns these paths (system dirs, its HOME, support files, proxy socket): a task's
+# work dir may neither be one of them, nor sit inside or above one.
+_RESERVED_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
+                  "/dev", "/sys", "/tmp", "/run/legorl", "/opt/legorl", "/home/agent", "/var/run")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +176,8 @@ class _Parser:
     return tuple(v)
 
   def rel_path(self, p, field):
-    if not isinstance(p, str) or not p or p.startswith("/") or ".." in p.split("/"):
+    if (not isinstance(p, str) or not p or p.startswith("/") or ".." in p.split("/") or "\x00" in p
+        or posixpath.normpath(p) == "."):
       raise self.err(field, f"{p!r} must be a relative path inside the repository (no '..', no leading '/')")
     return posixpath.normpath(p)
 
@@ -199,8 +205,13 @@ class _Parser:
     if verifier.kind != "command" and not verifier.test_files and not hidden_tests and not test_patch:
       raise self.err("verifier", "no tests: give hidden_tests, test_patch or verifier.test_files")
     workdir = self.typed(d, "workdir", str, "workdir", default=DEFAULT_WORKDIR)
-    if not workdir.startswith("/") or workdir == "/" or ".." in workdir.split("/"):
+    if not workdir.startswith("/") or workdir == "/" or ".." in workdir.split("/") or "\x00" in workdir:
       raise self.err("workdir", f"{workdir!r} must be an absolute path other than '/'")
+    norm = posixpath.normpath(workdir)
+    for r in _RESERVED_DIRS:
+      if norm == r or norm.startswith(r + "/") or r.startswith(norm + "/"):
+        raise self.err("workdir", f"{workdir!r} overlaps {r}, which the sandbox owns; use a "
+                       f"directory of its own such as {DEFAULT_WORKDIR} or /testbed")
     image = self.typed(d, "image", str, "image", default=None)
     if image is not None and (not image.strip() or any(c.isspace() for c in image)):
       raise self.err("image", f"{image!r} is not a valid image name")
@@ -221,7 +232,7 @@ class _Parser:
       import json
       try:
         v = json.loads(v)
-      except ValueError as e:
+      except (ValueError, RecursionError) as e:
         raise self.err(key, f"not a JSON list: {e}") from None
       d = {key: v}
     return self.str_list(d, key, key)
@@ -249,7 +260,11 @@ class _Parser:
     if kind == "git":
       if not url:
         raise self.err("repo.url", "is required for a 'git' repository")
-      if not commit or not re.fullmatch(r"[0-9a-fA-F]{7,40}|[A-Za-z0-9_./\-]+", commit):
+      if url.startswith("-") or "::" in url.split("/")[0] or any(c.isspace() or c == "\x00" for c in url):
+        raise self.err("repo.url", f"{url!r} is not a repository URL or path (no leading '-', no "
+                       "'transport::' prefix, no whitespace)")
+      if (not commit or commit.startswith("-") or ".." in commit
+          or not re.fullmatch(r"[0-9a-fA-F]{7,40}|[A-Za-z0-9_./\-]+", commit)):
         raise self.err("repo.base_commit", "is required for a 'git' repository (a commit hash or ref)")
     return RepoSource(kind=kind, path=path, url=url, commit=commit, data=data, base_dir=base_dir)
 
@@ -266,8 +281,8 @@ class _Parser:
     if kind == "command" and not command:
       raise self.err("verifier.command", "is required when verifier.type is 'command'")
     timeout = self.typed(v, "timeout_s", (int, float), "verifier.timeout_s", default=60.0)
-    if timeout <= 0:
-      raise self.err("verifier.timeout_s", "must be positive")
+    if not math.isfinite(timeout) or timeout <= 0:
+      raise self.err("verifier.timeout_s", f"must be a positive finite number, got {timeout!r}")
     return VerifierSpec(kind=kind, test_files=files, command=command, timeout_s=float(timeout))
 
   def limits(self, v):
@@ -275,8 +290,8 @@ class _Parser:
     for f in dataclasses.fields(Limits):
       if f.name in v:
         x = v[f.name]
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or x <= 0:
-          raise self.err(f"limits.{f.name}", f"must be a positive number, got {x!r}")
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+          raise self.err(f"limits.{f.name}", f"must be a positive finite number, got {x!r}")
         out[f.name] = int(x) if f.type in ("int", int) else float(x)
     unknown = sorted(set(v) - set(out))
     if unknown:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 from legorl_jax import errors
 from legorl_jax.rl.advantages import ADVANTAGE_ESTIMATORS
 from legorl_jax.rl.losses import POLICY_LOSSES
@@ -33,17 +36,28 @@ def _get(cfg, dotted):
   return node
 
 
+def _number(cfg, key):
+  """The value at ``key`` as a finite real number (not a bool, None or string)."""
+  v = _get(cfg, key)
+  if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
+    raise errors.ConfigError(f"config {key}={v!r} must be a finite number; set it with "
+                             f"--config.{key}=VALUE.")
+  return v
+
+
 def validate(cfg) -> None:
   for key, choices in _CHOICES.items():
     v = _get(cfg, key)
     if v not in choices:
       raise errors.ConfigError(f"config {key}={v!r} is invalid; choose one of {list(choices)}.")
   for key in _POSITIVE:
-    if not _get(cfg, key) > 0:
+    if not _number(cfg, key) > 0:
       raise errors.ConfigError(f"config {key}={_get(cfg, key)!r} must be > 0.")
   for key in _NON_NEGATIVE:
-    if not _get(cfg, key) >= 0:
+    if not _number(cfg, key) >= 0:
       raise errors.ConfigError(f"config {key}={_get(cfg, key)!r} must be >= 0.")
+  for key in ("loss.temperature", "sampling.temperature"):
+    _number(cfg, key)
   if cfg.loss.name not in POLICY_LOSSES:
     raise errors.ConfigError(f"config loss.name={cfg.loss.name!r} is invalid; choose one of "
                              f"{sorted(POLICY_LOSSES)}.")
@@ -67,3 +81,7 @@ def validate(cfg) -> None:
   if int(cfg.trainer.rows_per_batch) % int(cfg.trainer.micro_batches):
     raise errors.ConfigError(f"config trainer.micro_batches={cfg.trainer.micro_batches} must divide "
                              f"trainer.rows_per_batch={cfg.trainer.rows_per_batch}.")
+  sft_micro = int(cfg.sft.get("micro_batches", 1)) if "sft" in cfg else 1
+  if "sft" in cfg and (sft_micro < 1 or int(cfg.sft.rows_per_batch) % sft_micro):
+    raise errors.ConfigError(f"config sft.micro_batches={sft_micro} must be >= 1 and divide "
+                             f"sft.rows_per_batch={cfg.sft.rows_per_batch}.")

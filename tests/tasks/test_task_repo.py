@@ -81,7 +81,7 @@ def test_unsafe_archive_and_missing_sources_fail_clearly(tmp_path):
     ti = tarfile.TarInfo("../escape.txt")
     ti.size = 1
     tf.addfile(ti, io.BytesIO(b"x"))
-  with pytest.raises(TaskError, match="unreadable"):
+  with pytest.raises(TaskError, match="escapes the repository"):
     materialize_repo(RepoSource(kind="archive", data=buf.getvalue()), str(tmp_path / "e"))
   assert not (tmp_path / "escape.txt").exists()
   with pytest.raises(TaskError, match="does not exist"):
