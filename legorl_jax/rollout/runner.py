@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from typing import Any, Callable, Sequence
 
 from legorl_jax.harnesses.base import HarnessAdapter
@@ -84,15 +85,28 @@ def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: st
   def write(res: TrialResult, final: bool):
     line = res.record()
     line["final"] = final
-    with lock:
-      with open(trials_path, "a") as f:
-        f.write(json.dumps(line) + "\n")
+    try:
+      with lock:
+        with open(trials_path, "a") as f:
+          f.write(json.dumps(line) + "\n")
+    except OSError as e:  # e.g. disk full: the run goes on, the result is still returned
+      log.error("could not append trial %s to %s: %s", res.trial_id, trials_path, e)
+
+  def attempt_once(job: TrialJob, attempt: int) -> TrialResult:
+    try:
+      return run_trial(job.task, job.adapter, proxy, config, out_dir, group=job.group,
+                       attempt=attempt)
+    except Exception as e:  # noqa: BLE001 -- run_trial should not raise; if it does, count it
+      log.exception("trial of %s (%s) raised", job.task.id, job.adapter.name)
+      return TrialResult(trial_id=f"{job.task.id.replace('/', '_')}.{uuid.uuid4().hex[:8]}",
+                         task_id=job.task.id, harness=job.adapter.name, status=st.HARNESS_ERROR,
+                         reward=0.0, group=job.group, attempt=attempt,
+                         error=f"trial raised {type(e).__name__}: {e}")
 
   def one(job: TrialJob) -> TrialResult:
     attempt = 0
     while True:
-      res = run_trial(job.task, job.adapter, proxy, config, out_dir, group=job.group,
-                      attempt=attempt)
+      res = attempt_once(job, attempt)
       retry = res.infrastructure_failure and attempt < max_retries
       if retry:
         log.warning("trial %s (%s, attempt %d) ended with %s, retrying: %s", res.trial_id,

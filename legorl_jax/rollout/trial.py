@@ -145,7 +145,9 @@ def run_trial(task: Task, adapter: hbase.HarnessAdapter, proxy, config: TrialCon
     res.verifier = vres.to_dict()
     res.verifier.pop("output_tail", None)
 
-    if res.harness_status == hbase.HARNESS_ERROR:
+    if vres.status == st.SANDBOX_ERROR:  # the sandbox broke (container gone, engine restarted)
+      res.status, res.error = st.SANDBOX_ERROR, f"sandbox unusable after the harness: {vres.error}"
+    elif res.harness_status == hbase.HARNESS_ERROR:
       res.status, res.error = st.HARNESS_ERROR, (
           f"harness exited with code {r.exit_code}: {_tail(res.log_paths['stderr'])[-500:]}")
     elif res.harness_status == hbase.HARNESS_TIMEOUT:
@@ -171,16 +173,26 @@ def run_trial(task: Task, adapter: hbase.HarnessAdapter, proxy, config: TrialCon
         log.warning("sandbox %s destroy failed: %s", sandbox.id, e)
         res.error += f"; destroy failed: {e}"
     if handle is not None:
-      session = proxy.sessions.pop(handle.session_id)
-      if session is not None:
-        res.trajectory = session.trajectory()
-        _summarise(res)
-        if config.keep_trajectory_files:
-          res.trajectory_path = os.path.join(tdir, "trajectory.json")
-          with open(res.trajectory_path, "w") as f:
-            json.dump(res.trajectory, f)
+      try:
+        _collect_trajectory(res, proxy, handle.session_id, tdir, config.keep_trajectory_files)
+      except Exception as e:  # noqa: BLE001 -- e.g. disk full: the record still gets out
+        log.warning("trial %s: keeping its trajectory failed: %s", trial_id, e)
+        res.error += f"; trajectory not kept: {type(e).__name__}: {e}"
     res.durations["total_s"] = time.perf_counter() - t0
   return res
+
+
+def _collect_trajectory(res: TrialResult, proxy, session_id: str, tdir: str, keep_file: bool):
+  session = proxy.sessions.pop(session_id)
+  if session is None:
+    return
+  res.trajectory = session.trajectory()
+  _summarise(res)
+  if keep_file:
+    path = os.path.join(tdir, "trajectory.json")
+    with open(path, "w") as f:
+      json.dump(res.trajectory, f)
+    res.trajectory_path = path
 
 
 def _summarise(res: TrialResult):

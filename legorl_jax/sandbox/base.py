@@ -92,6 +92,55 @@ class ExecResult:
     return self.exit_code == 0 and not self.timed_out
 
 
+class OutputSink:
+  """One output stream of a command: a host file (``path``) or captured bytes.
+
+  Keeps the first ``limit`` bytes and the last ``tail`` bytes, with a line saying how much was
+  dropped between them, so a command flooding its output costs bounded disk and memory while
+  the end of the output (where harnesses report errors) survives.
+  """
+
+  def __init__(self, path: str | None, limit: int, tail: int = 64 << 10):
+    self.f = open(path, "wb") if path else None
+    self.buf, self.ring = bytearray(), bytearray()
+    self.limit, self.tail = max(0, int(limit)), tail
+    self.written = self.dropped = 0
+    self._closed = False
+
+  def write(self, b: bytes) -> None:
+    if self.written < self.limit:
+      head = b[: self.limit - self.written]
+      if self.f is not None:
+        self.f.write(head)
+      else:
+        self.buf += head
+      self.written += len(head)
+      b = b[len(head):]
+    if b:
+      self.dropped += len(b)
+      self.ring += b[-self.tail:]
+      if len(self.ring) > self.tail:
+        del self.ring[: len(self.ring) - self.tail]
+
+  def _trailer(self) -> bytes:
+    if not self.dropped:
+      return b""
+    skipped = self.dropped - len(self.ring)
+    return f"\n[legorl: {skipped} bytes of output dropped]\n".encode() + bytes(self.ring)
+
+  def close(self) -> None:
+    if self._closed:
+      return
+    self._closed = True
+    if self.f is not None:
+      self.f.write(self._trailer())
+      self.f.close()
+
+  def value(self) -> bytes:
+    """Captured bytes (empty when streaming to a file)."""
+    return b"" if self.f is not None else bytes(self.buf) + self._trailer()
+
+
 def as_argv(cmd: str | Sequence[str]) -> list[str]:
   if isinstance(cmd, str):
     return ["/bin/sh", "-c", cmd]
@@ -131,7 +180,8 @@ class Sandbox(abc.ABC):
     ``cwd`` defaults to the work dir; ``env`` adds to the sandbox's base env (PATH, HOME,
     LANG, TMPDIR). On timeout (wall clock) every process the command started is killed and
     ``timed_out`` is set. ``stdout_path``/``stderr_path`` are host files to stream output
-    to (for long-lived harnesses); otherwise output is captured, up to ``max_output_bytes``.
+    to (for long-lived harnesses); otherwise output is captured. Either way at most
+    ``max_output_bytes`` from the start plus a 64 KiB tail are kept (see ``OutputSink``).
     """
 
   @abc.abstractmethod

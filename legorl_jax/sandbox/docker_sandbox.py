@@ -10,6 +10,7 @@ owner process is gone.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -28,6 +29,7 @@ from legorl_jax.tasks import repo as repo_lib
 log = logging.getLogger(__name__)
 
 _reaped = False
+REMOVE_TIMEOUT_S = 60.0  # how long destroy() waits out an unreachable engine
 _reap_lock = threading.Lock()
 
 
@@ -107,6 +109,8 @@ class DockerSandbox(base.Sandbox):
         _reaped = True
         for name in reap_docker(self.client):
           log.info("reaped leftover container %s", name)
+    for cid in retry_pending_removals(self.client):
+      log.info("removed leftover container %s", cid[:12])
     user = config.docker_user.split(":")
     self.uid, self.gid = int(user[0]), int(user[-1])
     self.support_dir = base.SUPPORT_DIR
@@ -184,14 +188,25 @@ class DockerSandbox(base.Sandbox):
     raise SandboxError("the proxy relay did not start inside the container")
 
   # --- files --------------------------------------------------------------------------------
+  @contextlib.contextmanager
+  def _engine(self, what: str):
+    """Turns engine failures (dockerd restarting, container removed) into SandboxError."""
+    try:
+      yield
+    except SandboxError:
+      raise
+    except Exception as e:  # noqa: BLE001 - docker.errors.* and connection errors alike
+      raise SandboxError(f"{what} in sandbox {self.id} failed: {e}") from None
+
   def read_file(self, path):
     import docker
     p = self.resolve(path)
-    try:
-      stream, st = self.container.get_archive(p)
-    except docker.errors.NotFound:
-      raise SandboxError(f"cannot read {path!r}: no such file in sandbox {self.id}") from None
-    data = b"".join(stream)
+    with self._engine(f"reading {path!r}"):
+      try:
+        stream, _ = self.container.get_archive(p)
+        data = b"".join(stream)
+      except docker.errors.NotFound:
+        raise SandboxError(f"cannot read {path!r}: no such file in sandbox {self.id}") from None
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:
       m = tf.next()
       if m is None or not m.isreg():
@@ -205,12 +220,17 @@ class DockerSandbox(base.Sandbox):
     r = self.exec(["mkdir", "-p", parent], timeout=30)
     if not r.ok:
       raise SandboxError(f"cannot create {parent!r} in sandbox {self.id}: {r.stderr[-200:]!r}")
-    if not self.container.put_archive(parent, _tar_of_file(posixpath.basename(p), data, mode, self.uid, self.gid)):
+    with self._engine(f"writing {path!r}"):
+      ok = self.container.put_archive(parent, _tar_of_file(posixpath.basename(p), data, mode,
+                                                           self.uid, self.gid))
+    if not ok:
       raise SandboxError(f"cannot write {path!r} in sandbox {self.id}")
 
   def snapshot(self):
-    stream, _ = self.container.get_archive(self.workdir + "/.")
-    return diff_lib.snapshot_tar(b"".join(stream), strip="")
+    with self._engine("reading the work dir"):
+      stream, _ = self.container.get_archive(self.workdir + "/.")
+      data = b"".join(stream)
+    return diff_lib.snapshot_tar(data, strip="")
 
   # --- exec ---------------------------------------------------------------------------------
   def exec(self, cmd, *, timeout=None, env=None, cwd=None, stdout_path=None, stderr_path=None,
@@ -233,7 +253,7 @@ class DockerSandbox(base.Sandbox):
       stream = self.api.exec_start(ex["Id"], stream=True, demux=True)
     except Exception as e:  # noqa: BLE001 - docker.errors.* and connection errors alike
       raise SandboxError(f"cannot exec in sandbox {self.id}: {e}") from None
-    sinks = [_Sink(stdout_path, max_output_bytes), _Sink(stderr_path, max_output_bytes)]
+    sinks = [base.OutputSink(stdout_path, max_output_bytes), base.OutputSink(stderr_path, max_output_bytes)]
 
     def pump():
       try:
@@ -254,7 +274,11 @@ class DockerSandbox(base.Sandbox):
     for s in sinks:
       s.close()
     duration = time.perf_counter() - t0
-    code = self.api.exec_inspect(ex["Id"]).get("ExitCode")
+    try:
+      code = self.api.exec_inspect(ex["Id"]).get("ExitCode")
+    except Exception as e:  # noqa: BLE001 - the engine restarted or the container is gone
+      raise SandboxError(f"lost the command in sandbox {self.id} (Docker engine restarted or "
+                         f"container removed?): {e}") from None
     code = -9 if code is None else code
     timed_out = timeout is not None and code in (137, -9, 124) and duration >= timeout - 0.05
     return base.ExecResult(exit_code=code, timed_out=timed_out, stdout=sinks[0].value(),
@@ -265,33 +289,51 @@ class DockerSandbox(base.Sandbox):
       return
     script = (f"for d in /proc/[0-9]*; do p=${{d#/proc/}}; case $p in 1|$$|{self._keeper_pid}) ;; "
               "*) kill -9 $p 2>/dev/null;; esac; done; true")
-    ex = self.api.exec_create(self.container.id, ["/bin/sh", "-c", script], user="0:0")
-    self.api.exec_start(ex["Id"])
+    try:
+      ex = self.api.exec_create(self.container.id, ["/bin/sh", "-c", script], user="0:0")
+      self.api.exec_start(ex["Id"])
+    except Exception as e:  # noqa: BLE001
+      raise SandboxError(f"cannot stop the processes of sandbox {self.id}: {e}") from None
 
   def _destroy(self):
     if self.container is not None:
-      try:
-        self.container.remove(force=True, v=True)
-      except Exception as e:  # noqa: BLE001 - the reaper retries leftovers
-        log.warning("could not remove container of sandbox %s: %s", self.id, e)
+      remove_container(self.client, self.container.id, REMOVE_TIMEOUT_S)
 
 
-class _Sink:
-  """Output of one stream: a host file, or bytes kept up to a limit."""
+_pending: set[str] = set()  # containers whose removal failed; retried by later sandboxes
+_pending_lock = threading.Lock()
 
-  def __init__(self, path, limit):
-    self.f = open(path, "wb") if path else None
-    self.buf, self.limit = bytearray(), limit
 
-  def write(self, b):
-    if self.f is not None:
-      self.f.write(b)
-    elif len(self.buf) < self.limit:
-      self.buf += b[: self.limit - len(self.buf)]
+def remove_container(client, container_id: str, timeout_s: float = 60.0) -> bool:
+  """Force-removes a container (and its volumes), retrying while the engine is unreachable
+  (e.g. dockerd restarting) for up to ``timeout_s``. A container already gone counts as
+  removed. On failure it is remembered and retried by ``retry_pending_removals``."""
+  import docker
+  deadline, delay = time.monotonic() + timeout_s, 0.5
+  while True:
+    try:
+      client.api.remove_container(container_id, force=True, v=True)
+      ok = True
+    except docker.errors.NotFound:
+      ok = True
+    except Exception as e:  # noqa: BLE001 - engine down, or removal already in progress
+      ok = False
+      err = e
+    if ok:
+      with _pending_lock:
+        _pending.discard(container_id)
+      return True
+    if time.monotonic() >= deadline:
+      log.warning("could not remove container %s: %s (retried later)", container_id[:12], err)
+      with _pending_lock:
+        _pending.add(container_id)
+      return False
+    time.sleep(delay)
+    delay = min(delay * 2, 5.0)
 
-  def close(self):
-    if self.f is not None:
-      self.f.close()
 
-  def value(self):
-    return bytes(self.buf)
+def retry_pending_removals(client) -> list[str]:
+  """Removes the containers earlier removals left behind; returns those now gone."""
+  with _pending_lock:
+    ids = list(_pending)
+  return [c for c in ids if remove_container(client, c, timeout_s=0)]

@@ -19,9 +19,11 @@ import json
 import logging
 import os
 import random
+import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -38,8 +40,11 @@ log = logging.getLogger(__name__)
 MARKER = "legorl_sandbox.json"
 _UID_BASE, _UID_SPAN = 200000, 60000
 _MAX_FILE_BYTES = 2 << 30
+_MAX_READ_BYTES = 256 << 20
 _reaped_dirs: set[str] = set()
 _reap_lock = threading.Lock()
+_uids_in_use: set[int] = set()  # by this process's live sandboxes
+_uids_ever: set[int] = set()  # every uid this process gave a sandbox (leak checks)
 
 
 def default_base_dir() -> str:
@@ -118,6 +123,43 @@ def _kill_uid(uid: int) -> int:
 
 
 def processes_of_uid(uid: int) -> list[int]:
+  return sandbox_processes(uid, uid + 1)
+
+
+def _allocate_uid() -> int:
+  """A sandbox uid that no live sandbox of this process holds and no process runs as: two
+  sandboxes sharing a uid would share a process limit, and killing one would kill both."""
+  with _reap_lock:
+    for _ in range(100):
+      uid = _UID_BASE + random.randrange(_UID_SPAN)
+      if uid not in _uids_in_use and not processes_of_uid(uid):
+        break
+    _uids_in_use.add(uid)
+    _uids_ever.add(uid)
+    return uid
+
+
+def own_sandbox_processes() -> list[int]:
+  """Pids still running as the uid of any sandbox this process created (should be none once
+  its sandboxes are destroyed). Other processes' sandboxes are not counted."""
+  with _reap_lock:
+    uids = set(_uids_ever)
+  return [pid for pid in sandbox_processes() if _uid_of(pid) in uids]
+
+
+def _uid_of(pid: int) -> int | None:
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      for line in f:
+        if line.startswith("Uid:"):
+          return int(line.split()[1])
+  except (OSError, ValueError):
+    pass
+  return None
+
+
+def sandbox_processes(lo: int = _UID_BASE, hi: int = _UID_BASE + _UID_SPAN) -> list[int]:
+  """Pids whose real uid is in [lo, hi): by default, any local sandbox's (leak checks)."""
   out = []
   for pid in os.listdir("/proc"):
     if pid.isdigit():
@@ -125,7 +167,7 @@ def processes_of_uid(uid: int) -> list[int]:
         with open(f"/proc/{pid}/status") as f:
           for line in f:
             if line.startswith("Uid:"):
-              if int(line.split()[1]) == uid:
+              if lo <= int(line.split()[1]) < hi:
                 out.append(int(pid))
               break
       except (OSError, ValueError):
@@ -152,7 +194,7 @@ class LocalSandbox(base.Sandbox):
       log.warning("bubblewrap not found: local sandbox %s runs WITHOUT network or filesystem "
                   "isolation (weaker mode); install bubblewrap for real isolation", self.id)
     self.isolated = self.bwrap is not None
-    self.uid = (_UID_BASE + random.randrange(_UID_SPAN)) if os.geteuid() == 0 else None
+    self.uid = _allocate_uid() if os.geteuid() == 0 else None
     self.root = os.path.join(self.base_dir, self.id)
     self._live: set[subprocess.Popen] = set()
     self._lock = threading.Lock()
@@ -215,13 +257,21 @@ class LocalSandbox(base.Sandbox):
     raise SandboxError(f"path {path!r} is outside the sandbox's work dir, HOME and /tmp")
 
   def read_file(self, path):
+    """The file's bytes. The agent controls the tree, so a link, FIFO or device planted at
+    ``path`` is refused (never followed, never blocked on), as is a file over 256 MiB."""
     host = self.host_path(path)
     try:
-      fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
+      fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
       raise SandboxError(f"cannot read {path!r} in sandbox {self.id}: {e.strerror}") from None
     with os.fdopen(fd, "rb") as f:
-      return f.read()
+      st = os.fstat(fd)
+      if not stat.S_ISREG(st.st_mode):
+        raise SandboxError(f"cannot read {path!r} in sandbox {self.id}: not a regular file")
+      if st.st_size > _MAX_READ_BYTES:
+        raise SandboxError(f"cannot read {path!r} in sandbox {self.id}: {st.st_size} bytes is over "
+                           f"the {_MAX_READ_BYTES}-byte limit")
+      return f.read(_MAX_READ_BYTES)
 
   def write_file(self, path, data, mode=0o644):
     host = self.host_path(path)
@@ -318,47 +368,58 @@ class LocalSandbox(base.Sandbox):
       argv = self._limits_argv() + self._bwrap_argv(cwd) + argv
     else:
       argv = self._limits_argv() + argv
-    with self._lock:
-      self._n_exec += 1
-      n = self._n_exec
-    out_p = stdout_path or os.path.join(self.root, "exec", f"{n}.out")
-    err_p = stderr_path or os.path.join(self.root, "exec", f"{n}.err")
     kwargs = {}
     if self.uid is not None and not self.isolated:
       kwargs = {"user": self.uid, "group": self.uid, "extra_groups": []}
+    sinks = [base.OutputSink(stdout_path, max_output_bytes), base.OutputSink(stderr_path, max_output_bytes)]
     t0, started = time.perf_counter(), time.time()
-    with open(out_p, "wb") as fo, open(err_p, "wb") as fe:
-      try:
-        p = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                             stdout=fo, stderr=fe, env=full_env, start_new_session=True,
-                             cwd=None if self.isolated else cwd, **kwargs)
-      except OSError as e:
-        raise SandboxError(f"cannot start command in sandbox {self.id}: {e}") from e
+    try:
+      # Pipes, not files: a command flooding its output must not fill the host's disk.
+      p = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+                           start_new_session=True, cwd=None if self.isolated else cwd, **kwargs)
+    except OSError as e:
+      for s in sinks:
+        s.close()
+      raise SandboxError(f"cannot start command in sandbox {self.id}: {e}") from e
+    with self._lock:
+      self._live.add(p)
+    stop = threading.Event()
+    pumps = [threading.Thread(target=_pump, args=(pipe, sink, stop), daemon=True)
+             for pipe, sink in ((p.stdout, sinks[0]), (p.stderr, sinks[1]))]
+    for th in pumps:
+      th.start()
+    timed_out = False
+    try:
+      if stdin is not None:
+        try:
+          p.stdin.write(stdin)
+          p.stdin.close()
+        except BrokenPipeError:
+          pass
+      p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      timed_out = True
+      _killpg(p.pid)
+      if not self.isolated and self.uid is not None:
+        _kill_uid(self.uid)
+      p.wait()
+    finally:
       with self._lock:
-        self._live.add(p)
-      timed_out = False
-      try:
-        if stdin is not None:
-          try:
-            p.stdin.write(stdin)
-            p.stdin.close()
-          except BrokenPipeError:
-            pass
-        p.wait(timeout=timeout)
-      except subprocess.TimeoutExpired:
-        timed_out = True
-        _killpg(p.pid)
-        if not self.isolated and self.uid is not None:
-          _kill_uid(self.uid)
-        p.wait()
-      finally:
-        with self._lock:
-          self._live.discard(p)
+        self._live.discard(p)
+      # Leftover processes of the command may still hold the pipes: drain briefly, then stop.
+      for th in pumps:
+        th.join(5.0)
+      stop.set()
+      for th in pumps:
+        th.join()
+      for s in sinks:
+        s.close()
+      p.stdout.close()
+      p.stderr.close()
     duration = time.perf_counter() - t0
-    stdout = b"" if stdout_path else _read_head(out_p, max_output_bytes, remove=True)
-    stderr = b"" if stderr_path else _read_head(err_p, max_output_bytes, remove=True)
-    return base.ExecResult(exit_code=p.returncode, timed_out=timed_out, stdout=stdout, stderr=stderr,
-                           duration_s=duration, started_at=started)
+    return base.ExecResult(exit_code=p.returncode, timed_out=timed_out, stdout=sinks[0].value(),
+                           stderr=sinks[1].value(), duration_s=duration, started_at=started)
 
   def kill_all(self):
     with self._lock:
@@ -374,6 +435,9 @@ class LocalSandbox(base.Sandbox):
     finally:
       if os.path.isdir(self.root):
         _rmtree(self.root)
+      if self.uid is not None:
+        with _reap_lock:
+          _uids_in_use.discard(self.uid)
 
 
 def _killpg(pid):
@@ -383,15 +447,19 @@ def _killpg(pid):
     pass
 
 
-def _read_head(path, limit, remove):
-  try:
-    with open(path, "rb") as f:
-      data = f.read(limit)
-    if remove:
-      os.unlink(path)
-    return data
-  except OSError:
-    return b""
+def _pump(pipe, sink, stop):
+  """Copies ``pipe`` into ``sink`` until EOF, or until ``stop`` is set and nothing is ready."""
+  fd = pipe.fileno()
+  while True:
+    ready, _, _ = select.select([fd], [], [], 0.2)
+    if not ready:
+      if stop.is_set():
+        return
+      continue
+    data = os.read(fd, 1 << 16)
+    if not data:
+      return
+    sink.write(data)
 
 
 def _chown_tree(path, uid):

@@ -63,10 +63,17 @@ def main(argv=None):
     with open(args.ready_file + ".tmp", "w") as f:
       f.write(str(os.getpid()))
     os.replace(args.ready_file + ".tmp", args.ready_file)
+  # Small stacks: under a tight memory limit (RLIMIT_DATA counts thread stacks) the default
+  # 8 MiB per thread would leave accepted connections hanging with no thread to serve them.
+  threading.stack_size(256 << 10)
   while True:
     client, _ = srv.accept()
     client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    threading.Thread(target=_serve_one, args=(client, args.unix), daemon=True).start()
+    try:
+      threading.Thread(target=_serve_one, args=(client, args.unix), daemon=True).start()
+    except RuntimeError as e:  # no memory for a thread: refuse this one, never leave it hanging
+      sys.stderr.write(f"relay: cannot serve a connection: {e}\n")
+      client.close()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 
 Saves are asynchronous; ``keep`` bounds how many recent steps stay and ``best_metric`` keeps
 the best one as well. Paths may be local or ``gs://``.
+
+A save that fails (disk full, quota, permissions) raises ``CheckpointError`` — from ``save``,
+or for an async save from the next ``wait``/``save``/``close`` — and its partial directory is
+removed, so earlier checkpoints stay the readable latest ones and the space comes back.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Checkpointer:
         keep_checkpoints_without_metrics=True,
         enable_async_checkpointing=async_save,
         create=True,
+        cleanup_tmp_directories=True,  # partial saves of a killed run
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
@@ -51,15 +56,34 @@ class Checkpointer:
           args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                   host=ocp.args.JsonSave(host or {})),
           metrics=metrics, force=force)
-    except OSError as e:
-      raise errors.CheckpointError(
-          f"Could not write checkpoint step {step} under {self.directory}: {e}. "
-          "Free disk space or point --workdir at a larger volume; earlier checkpoints are intact."
-      ) from e
+    except Exception as e:  # noqa: BLE001 -- OSError, tensorstore's ValueError, ...
+      raise self._failed(step, e) from e
 
   def wait(self):
-    """Blocks until pending async saves are on disk."""
-    self._manager.wait_until_finished()
+    """Blocks until pending async saves are on disk (raises CheckpointError if one failed)."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # noqa: BLE001
+      raise self._failed(None, e) from e
+
+  def _failed(self, step: int | None, e: Exception) -> errors.CheckpointError:
+    """Removes partial save directories and names the problem and the fix."""
+    removed = []
+    try:
+      for p in self.directory.iterdir():
+        if ".orbax-checkpoint-tmp" in p.name:
+          p.rmtree()
+          removed.append(p.name)
+    except Exception as ce:  # noqa: BLE001 -- best effort; the next manager cleans up too
+      logging.warning("could not remove partial checkpoint under %s: %s", self.directory, ce)
+    what = f"step {step}" if step is not None else "a pending async save"
+    full = "No space left" in str(e) or "RESOURCE_EXHAUSTED" in str(e)
+    return errors.CheckpointError(
+        f"Could not write checkpoint {what} under {self.directory}: {type(e).__name__}: "
+        f"{str(e)[:500]}. " + ("The disk is full: free space or point --workdir at a larger "
+                               "volume. " if full else "") +
+        f"Earlier checkpoints are intact (latest: {self.latest_step()}); partial save removed: "
+        f"{removed or 'none'}.")
 
   def restore(self, abstract_state: TrainState, step: int | None = None,
               ) -> tuple[TrainState, dict[str, Any], int]:
@@ -85,5 +109,7 @@ class Checkpointer:
     return restored.state, dict(restored.host or {}), step
 
   def close(self):
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
