@@ -450,8 +450,10 @@ def _killpg(pid):
 def _pump(pipe, sink, stop):
   """Copies ``pipe`` into ``sink`` until EOF, or until ``stop`` is set and nothing is ready."""
   fd = pipe.fileno()
+  poller = select.poll()  # not select.select: that fails once the process has >= 1024 fds open
+  poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
   while True:
-    ready, _, _ = select.select([fd], [], [], 0.2)
+    ready = poller.poll(200)
     if not ready:
       if stop.is_set():
         return
