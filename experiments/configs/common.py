@@ -92,6 +92,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.rows_per_batch = 16
   c.sft.buckets = ()             # sequence buckets of SFT rows (default: trainer.buckets)
   c.sft.micro_batches = 1
+  c.sft.check_demos = 0          # demonstrations held out of SFT for the imitation check
+  c.sft.check_every = 50
+  c.sft.stop_at_greedy_exact = None  # stop SFT once this fraction of held-out demos is reproduced
   c.sft.demos = ""               # a demos.jsonl to train on instead of collecting
 
   c.eval = ml_collections.ConfigDict()

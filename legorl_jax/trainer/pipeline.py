@@ -190,28 +190,41 @@ def run(cfg, workdir: str) -> dict:
   if host["phase"] == "sft":
     if int(cfg.sft.steps) > 0:
       t0 = time.perf_counter()
+      n_check = int(cfg.sft.get("check_demos", 0))
       if cfg.sft.demos:
         demos = sft_lib.load_demonstrations(cfg.sft.demos)
       else:
-        demo_tasks = (train_tasks or loader.next_batch(int(cfg.sft.num_demos)))[:int(cfg.sft.num_demos)]
+        n_demo_tasks = int(cfg.sft.num_demos) + n_check
+        demo_tasks = (train_tasks or loader.next_batch(n_demo_tasks))[:n_demo_tasks]
         demos = _collect_demos(demo_tasks, adapter_for, tokenizer, trial_cfg,
                                distributed.host_local_dir(workdir, "sft_demos"), sockets, cfg)
+      # The last ``check_demos`` demonstrations are held out of SFT: the imitation check runs on them.
+      check_demos = demos[-n_check:] if 0 < n_check < len(demos) else []
+      demos = demos[:len(demos) - len(check_demos)]
       t_demo = time.perf_counter() - t0
       sft_cfg = sft_config(cfg)
       sft_learner = Learner(learner.model(), sft_cfg, seed=int(cfg.seed))
 
       def on_step(step, m):
-        if step % 10 == 0 or step == int(cfg.sft.steps) - 1:
+        checked = "check/greedy_exact" in m
+        if step % 10 == 0 or step == int(cfg.sft.steps) - 1 or checked:
           writer.write(step, m, phase="sft")
-          print(f"[sft {step:4d}] nll {m['nll']:.4f} ({m['learner_tokens_per_s']:.0f} tok/s)", flush=True)
+          check = (f" | held-out demos: greedy exact {m['check/greedy_exact']:.2f}, "
+                   f"p(exact) {m['check/p_exact']:.3f}, nll {m['check/nll']:.3f}") if checked else ""
+          print(f"[sft {step:4d}] nll {m['nll']:.4f} ({m['learner_tokens_per_s']:.0f} tok/s){check}", flush=True)
 
+      stop_at = cfg.sft.get("stop_at_greedy_exact", None)
       last = sft_lib.run_sft(_sft_target(sft_learner), demos, sft_cfg, steps=int(cfg.sft.steps),
-                             seed=int(cfg.seed), on_step=on_step)
+                             seed=int(cfg.seed), on_step=on_step, check_demos=check_demos,
+                             check_every=int(cfg.sft.get("check_every", 50)),
+                             stop_at_greedy_exact=None if stop_at is None else float(stop_at))
       learner = Learner(sft_learner.model(), rl_cfg, seed=int(cfg.seed))
       # The warm-started policy as a Hugging Face checkpoint: the starting point of RL, and of
       # the equal-time SFT-continuation baseline (experiments/benchmarks/rl_vs_sft.py).
-      save_pretrained(learner.model(), os.path.join(workdir, "sft_policy"), tokenizer=tokenizer)
-      summary.update(sft_demos=len(demos), sft_final_nll=last.get("nll"),
+      if distributed.is_coordinator() and not paths.is_remote(workdir):
+        save_pretrained(learner.model(), os.path.join(workdir, "sft_policy"), tokenizer=tokenizer)
+      summary.update({k.replace("check/", "sft_check_"): v for k, v in last.items() if k.startswith("check/")})
+      summary.update(sft_demos=len(demos), sft_steps=last.get("sft_step"), sft_final_nll=last.get("nll"),
                      sft_demo_collection_s=t_demo, sft_s=time.perf_counter() - t0)
     host["phase"] = "eval_before"
     ckpt.save(0, learner.state, host=host, force=True)
