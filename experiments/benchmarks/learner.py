@@ -6,7 +6,10 @@ completion) with AdamW + global-norm clipping; only the learner step is timed (f
 GRPO loss, backward, optimizer update), never generation. Each side runs in its own
 subprocess, one after the other, so they do not share thread pools:
 
-* ours: ``legorl_jax.trainer.train_step.make_train_step`` jitted with the state donated;
+* ours: ``legorl_jax.trainer.train_step.make_train_step`` jitted with the state donated, the
+  lm head on the scored (completion) tokens only, as ``Learner.update`` runs it
+  (``--lm_head_on_all`` to score every token); Tunix computes logits for the whole sequence
+  and slices the completion out afterwards (its optimised HLO keeps the [B*T, V] dots);
 * tunix: ``learner_tunix/run_tunix.py`` inside a virtualenv with ``google-tunix==0.1.7``
   (created on first use under ``--venv``; pip resolves Tunix's own jax / flax, CPU wheels),
   timing ``PeftTrainer._train_step`` with ``algo_core.grpo_loss_fn`` wired as GRPOLearner does.
@@ -26,6 +29,10 @@ per CPU-second of the process (``time.process_time``): ``ratio_ours_over_tunix_c
 Tunix CPU-s per step / ours, and the CPU-time utilisation divides our FLOP per CPU-second by
 the matmul's FLOP per CPU-second.
 
+``--profile`` reruns a few steps of each side under ``jax.profiler`` and adds the share of XLA
+op time spent in matmuls, layout copies, elementwise ops and loops (``op_breakdown``); on a
+loaded machine those op times include descheduling, so only the shares are meaningful.
+
   JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py              # both sides
   JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py --skip_tunix # ours only
 """
@@ -36,6 +43,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -96,7 +104,8 @@ def run_ours(args) -> dict:
   model_def, params = split_model(create_model(mcfg, seed=0))
   optimizer = opt_lib.make_optimizer(cfg.optim)
   state = state_lib.create_train_state(params, optimizer)
-  step = jax.jit(ts.make_train_step(model_def, optimizer, cfg), donate_argnums=(0,))
+  step = jax.jit(ts.make_train_step(model_def, optimizer, cfg), donate_argnums=(0,),
+                 static_argnames=("scored_cap",))
 
   rng = np.random.default_rng(0)
   b, t = args.batch, args.prompt_len + args.completion_len
@@ -106,25 +115,82 @@ def run_ours(args) -> dict:
            "segment_ids": np.ones((b, t), np.int32),
            "loss_mask": (np.arange(t)[None, :] >= args.prompt_len).repeat(b, 0).astype(np.float32),
            "advantages": adv, "rollout_logp": np.zeros((b, t), np.float32)}
+  # As ``Learner.update`` does: the lm head runs only on the scored (completion) tokens.
+  cap = None if args.lm_head_on_all else ts.scored_cap_for(batch, args.micro_batches)
   batch = jax.tree.map(jnp.asarray, batch)
+  run = lambda state: jax.block_until_ready(step(state, batch, scored_cap=cap))
 
   t0 = time.perf_counter()
-  state, metrics = jax.block_until_ready(step(state, batch))
+  state, metrics = run(state)
   first = time.perf_counter() - t0
   times, cpu = [], []
   for _ in range(args.steps):
     c0, t0 = time.process_time(), time.perf_counter()
-    state, metrics = jax.block_until_ready(step(state, batch))
+    state, metrics = run(state)
     times.append(time.perf_counter() - t0)
     cpu.append(time.process_time() - c0)
   step_s = statistics.median(times)
+  if args.profile_dir:
+    state = profile_steps(run, state, args.profile_dir, args.profile_steps)
   return {"side": "ours", "jax_version": jax.__version__, "n_params": mcfg.num_params(),
           "loss": float(metrics["loss/policy"]), "grad_norm": float(metrics["grad_norm"]),
           "compile_and_first_s": round(first, 3), "step_s_median": round(step_s, 4),
           "step_s_all": [round(x, 4) for x in times], "tokens_per_s": round(b * t / step_s, 1),
           "matmul_peak_gflops": round(peak / 1e9, 2),
           "cpu_s_median": round(statistics.median(cpu), 4),
-          "matmul_gflop_per_cpu_s": round(peak_cpu / 1e9, 2)}
+          "matmul_gflop_per_cpu_s": round(peak_cpu / 1e9, 2),
+          "scored_cap": cap}
+
+
+def profile_steps(run, state, profile_dir: str, n: int):
+  """Runs ``n`` more steps under ``jax.profiler`` (for ``op_breakdown``); returns the state."""
+  import jax
+  jax.profiler.start_trace(profile_dir)
+  for _ in range(n):
+    state, _ = run(state)
+  jax.profiler.stop_trace()
+  return state
+
+
+def _op_category(name: str) -> str:
+  """Coarse class of an XLA:CPU thunk by its HLO name (fusion names carry their root ops)."""
+  base = name.split(".")[0]
+  if base.startswith(("ynn_fusion", "xnn_fusion", "onednn")) or base in ("dot", "dot_general",
+                                                                        "custom-call"):
+    return "matmul"
+  if "copy" in base or "transpose" in base:
+    return "layout copy (incl. fused elementwise)"
+  if base == "while":
+    return "loops (fused lm head, own time)"
+  return "elementwise / reductions / other"
+
+
+def op_breakdown(profile_dir: str, steps: int) -> dict | None:
+  """Per-step CPU time of the XLA thunks in a ``jax.profiler`` trace, by ``_op_category``.
+
+  Times are summed over the thunk events of all threads (each op is counted once, however
+  many threads it used: it is execution time of op tasks, not wall time). None if no trace.
+  """
+  import glob
+  import gzip
+  paths = sorted(glob.glob(os.path.join(profile_dir, "plugins", "profile", "*", "*.trace.json.gz")))
+  if not paths:
+    return None
+  with gzip.open(paths[-1]) as f:
+    events = json.load(f)["traceEvents"]
+  skip = ("ThunkExecutor", "$", "Slinky", "Pjit", "Common", "end:", "Handle", "Parse", "Allocate",
+          "Wait", "TfrtCpu", "PjRt")
+  totals, top = {}, {}
+  for e in events:
+    if e.get("ph") != "X" or e["name"].startswith(skip):
+      continue
+    cat = _op_category(e["name"])
+    totals[cat] = totals.get(cat, 0.0) + e["dur"] / 1e6 / steps
+    top[e["name"]] = top.get(e["name"], 0.0) + e["dur"] / 1e6 / steps
+  total = sum(totals.values())
+  return {"op_s_per_step": round(total, 4),
+          "fraction": {k: round(v / total, 4) for k, v in sorted(totals.items())},
+          "top_ops": {k: round(v, 4) for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:12]}}
 
 
 def ensure_venv(venv: str) -> str:
@@ -165,6 +231,13 @@ def main():
   p.add_argument("--remat", action="store_true", help="ours: rematerialise each block")
   p.add_argument("--matmul_n", type=int, default=2048)
   p.add_argument("--matmul_repeats", type=int, default=5)
+  p.add_argument("--lm_head_on_all", action="store_true",
+                 help="ours: run the lm head on every token (default: scored tokens only, as "
+                      "the Learner does)")
+  p.add_argument("--profile", action="store_true",
+                 help="profile a few extra steps on each side and report the op-time breakdown")
+  p.add_argument("--profile_steps", type=int, default=2)
+  p.add_argument("--profile_dir", default=None, help=argparse.SUPPRESS)
   p.add_argument("--skip_tunix", action="store_true")
   p.add_argument("--venv", default=DEFAULT_VENV)
   p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -190,9 +263,13 @@ def main():
             "--lr", str(args.lr), "--max_grad_norm", str(args.max_grad_norm),
             "--clip_eps", str(args.clip_eps), "--matmul_n", str(args.matmul_n),
             "--matmul_repeats", str(args.matmul_repeats)]
+  prof_root = tempfile.mkdtemp(prefix="learner_prof_") if args.profile else None
+  prof = lambda side: (["--profile_dir", os.path.join(prof_root, side), "--profile_steps",
+                        str(args.profile_steps)] if prof_root else [])
   ours_cmd = [sys.executable, os.path.abspath(__file__), "--child", "--preset", args.preset,
               "--aggregation", args.aggregation, "--micro_batches", str(args.micro_batches),
-              *(["--remat"] if args.remat else []), *common]
+              *(["--remat"] if args.remat else []), *(["--lm_head_on_all"] if args.lm_head_on_all
+                                                       else []), *prof("ours"), *common]
   ours = _child_json(ours_cmd, env)
   print(json.dumps(ours), file=sys.stderr, flush=True)
 
@@ -205,7 +282,8 @@ def main():
       tenv = dict(env)
       tenv.pop("PYTHONPATH", None)
       tunix = _child_json([py, os.path.join(HERE, "learner_tunix", "run_tunix.py"),
-                           "--shape", json.dumps(shape), "--aggregation", agg, *common], tenv)
+                           "--shape", json.dumps(shape), "--aggregation", agg, *prof("tunix"),
+                           *common], tenv)
     except subprocess.CalledProcessError as e:
       tunix = {"error": f"virtualenv setup failed: {e}"}
     print(json.dumps(tunix), file=sys.stderr, flush=True)
@@ -252,6 +330,8 @@ def main():
       "tunix_timed": tunix.get("timed") if tunix else None,
       "ours_timed": "legorl_jax.trainer.train_step.make_train_step -> jax.jit(donate_argnums=0)",
       "ours": ours, "tunix": tunix,
+      "op_breakdown": ({side: op_breakdown(os.path.join(prof_root, side), args.profile_steps)
+                        for side in ("ours", "tunix")} if prof_root else None),
       "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2),
       "cpus": os.cpu_count(),
   }

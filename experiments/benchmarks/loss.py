@@ -3,7 +3,9 @@ r"""GRPO loss through the lm head, forward + backward: fused token_logprobs vs m
 Each (variant, N) runs in a fresh subprocess of this script so that its peak resident memory
 (VmHWM, read from /proc/self/status in the child, reset once the inputs are on device)
 is its own. Times are the median of
-``--steps`` jitted steps after one compile-and-run step. Prints one JSON line at the end.
+``--steps`` jitted steps after one compile-and-run step; each step's outputs are dropped
+before the next runs, as a training loop consumes its gradients. The child also reports
+XLA's compiled buffer sizes (``memory_analysis``). Prints one JSON line at the end.
 
   JAX_PLATFORMS=cpu python experiments/benchmarks/loss.py             # full (minutes)
   JAX_PLATFORMS=cpu python experiments/benchmarks/loss.py --quick     # small shapes
@@ -75,17 +77,30 @@ def child(args) -> dict:
   t0 = time.perf_counter()
   out = jax.block_until_ready(step(hidden, lm_head))
   first = time.perf_counter() - t0
+  first_peak_kib = _vm_kib("VmHWM")
   times = []
   for _ in range(args.steps):
+    # A training loop consumes the gradients before the next step: drop the previous
+    # step's outputs so two d(lm_head) buffers are never live at once.
+    del out
     t0 = time.perf_counter()
     out = jax.block_until_ready(step(hidden, lm_head))
     times.append(time.perf_counter() - t0)
-  return {"variant": args.variant, "n": n, "d": d, "v": v, "loss": float(out[0]),
-          "grad_w_norm": float(jnp.linalg.norm(out[1][1])),
+  peak_kib = _vm_kib("VmHWM")
+  loss, grad_w_norm = float(out[0]), float(jnp.linalg.norm(out[1][1]))
+  del out
+  # XLA's own accounting of the step's buffers (a second compile, after the peak is read).
+  mem = step.lower(hidden, lm_head).compile().memory_analysis()
+  compiled = None if mem is None else {
+      k: round(getattr(mem, k + "_size_in_bytes") / 2**30, 4)
+      for k in ("argument", "output", "temp", "alias")}
+  return {"variant": args.variant, "n": n, "d": d, "v": v, "loss": loss,
+          "grad_w_norm": grad_w_norm, "compiled_memory_gib": compiled,
+          "peak_rss_first_step_gib": round(first_peak_kib / 2**20, 3),
           "compile_and_first_s": round(first, 3),
           "step_s_median": round(statistics.median(times or [first]), 3),
           "step_s_all": [round(t, 3) for t in times],
-          "peak_rss_gib": round(_vm_kib("VmHWM") / 2**20, 3),
+          "peak_rss_gib": round(peak_kib / 2**20, 3),
           "inputs_rss_gib": round(base_kib / 2**20, 3),
           "token_chunk": args.token_chunk, "vocab_chunk": args.vocab_chunk}
 

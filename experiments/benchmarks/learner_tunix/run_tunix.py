@@ -54,6 +54,8 @@ def main():
   p.add_argument("--aggregation", default="sequence-mean-token-mean")
   p.add_argument("--matmul_n", type=int, default=2048)
   p.add_argument("--matmul_repeats", type=int, default=5)
+  p.add_argument("--profile_dir", default=None, help="profile extra steps into this directory")
+  p.add_argument("--profile_steps", type=int, default=2)
   args = p.parse_args()
 
   import importlib.metadata as md
@@ -121,6 +123,11 @@ def main():
     times.append(time.perf_counter() - t0)
     cpu.append(time.process_time() - c0)
   step_s = statistics.median(times)
+  if args.profile_dir:
+    jax.profiler.start_trace(args.profile_dir)
+    for _ in range(args.profile_steps):
+      jax.block_until_ready(train_step(example))
+    jax.profiler.stop_trace()
   print(json.dumps({
       "side": "tunix", "tunix_version": md.version("google-tunix"),
       "jax_version": jax.__version__, "flax_version": md.version("flax"),
@@ -132,8 +139,8 @@ def main():
       "step_s_all": [round(t, 4) for t in times],
       "tokens_per_s": round(b * (tp + tc) / step_s, 1),
       "matmul_peak_gflops": round(peak / 1e9, 2),
-          "cpu_s_median": round(statistics.median(cpu), 4),
-          "matmul_gflop_per_cpu_s": round(peak_cpu / 1e9, 2)}), flush=True)
+      "cpu_s_median": round(statistics.median(cpu), 4),
+      "matmul_gflop_per_cpu_s": round(peak_cpu / 1e9, 2)}), flush=True)
 
 
 if __name__ == "__main__":
