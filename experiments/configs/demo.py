@@ -3,9 +3,11 @@
   python -m experiments.train --config=experiments/configs/demo.py --workdir=/tmp/legorl_demo
 
 Sized for a 2-core machine and ~20 minutes. Training tasks are renamed variants of the
-synthetic templates (``tasks.variants``): the tiny policy cannot memorise paths and lines and
-has to copy them from the instruction, which is what carries over to the held-out templates.
-RL rows are packed two to three trajectories per 1024-token row, one update per step.
+synthetic templates (``tasks.variants``), so the tiny policy cannot memorise file paths and
+lines and has to copy names from the instruction. Held-out tasks are repositories under names
+no training task uses (``tasks.held_out = "names"``); held-out *templates* are beyond a 1.8M
+parameter policy after minutes of SFT (see BENCHMARKS.md). RL rows are packed two to three
+trajectories per 1024-token row, one update per step.
 """
 
 from experiments.configs import common
@@ -18,10 +20,13 @@ def get_config():
   c.tasks.variants = 8
   c.tasks.num_train = 1000
   c.tasks.num_val = 48
+  c.tasks.held_out = "names"
   c.harness.name = "builtin"
   c.sandbox.backend = "local"
   c.sft.num_demos = 480
-  c.sft.steps = 600
+  c.sft.steps = 400
+  c.sft.check_demos = 32
+  c.sft.check_every = 50
   c.sft.rows_per_batch = 16
   c.sft.buckets = (512, 640)
   c.trainer.pack = True
@@ -31,4 +36,5 @@ def get_config():
   c.rollout.tasks_per_step = 8
   c.rollout.samples_per_task = 8
   c.trainer.steps = 12
+  c.optim.learning_rate = 1e-3
   return c

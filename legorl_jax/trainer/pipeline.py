@@ -60,14 +60,29 @@ def build_policy(cfg):
   return model, tokenizer
 
 
+def held_out_tasks(cfg):
+  """Synthetic validation tasks. ``tasks.held_out``: "templates" (default) holds out whole
+  (template, function) pairs; "names" holds out repositories: the training pairs' bugs under
+  names (package, module, variables) that no training task uses, which measures whether the
+  policy reads the repository it is given rather than recalling the ones it trained on."""
+  mode = cfg.tasks.get("held_out", "templates")
+  if mode == "templates":
+    return synthetic.generate_tasks(int(cfg.tasks.num_val), seed=int(cfg.seed),
+                                    difficulty=cfg.tasks.difficulty, split="validation")
+  if mode == "names":
+    return synthetic.generate_tasks(int(cfg.tasks.num_val), seed=int(cfg.seed) + 1,
+                                    difficulty=cfg.tasks.difficulty, split="train", variants=2,
+                                    first_variant=max(1, int(cfg.tasks.get("variants", 1))))
+  raise errors.ConfigError(f"config tasks.held_out={mode!r} is invalid; choose 'templates' or 'names'.")
+
+
 def load_tasks(cfg):
   """(train loader, validation tasks)."""
   if cfg.tasks.source == "synthetic":
     train = synthetic.generate_tasks(int(cfg.tasks.num_train), seed=int(cfg.seed),
                                      difficulty=cfg.tasks.difficulty, split="train",
                                      variants=int(cfg.tasks.get("variants", 1)))
-    val = synthetic.generate_tasks(int(cfg.tasks.num_val), seed=int(cfg.seed),
-                                   difficulty=cfg.tasks.difficulty, split="validation")
+    val = held_out_tasks(cfg)
     return TaskLoader(train, seed=int(cfg.seed)), val, train
   loader = TaskLoader.from_tfds(cfg.tasks.source, "train", seed=int(cfg.seed))
   val_loader = TaskLoader.from_tfds(cfg.tasks.source, "validation", seed=int(cfg.seed), shuffle=False)

@@ -231,18 +231,22 @@ def _build(t: Template, module: Module, func: str, mut: Mutation, difficulty: st
                                    "bug_old": mut.old, "bug_new": mut.new, "variant": variant_index}))
 
 
-def generate_task_pool(difficulty: str = "easy", split: str = "train", variants: int = 1) -> list[Task]:
+def generate_task_pool(difficulty: str = "easy", split: str = "train", variants: int = 1,
+                       first_variant: int = 0) -> list[Task]:
   """Every valid task of one difficulty and split, in a fixed order.
 
   ``variants`` > 1 adds renamed copies of each (template, function): the same logic under new
-  package, module and variable names (``rename.variant``); variant 0 is the original.
+  package, module and variable names (``rename.variant``); variant 0 is the original. Variants
+  ``first_variant .. first_variant + variants - 1`` are made, so a second call with a higher
+  ``first_variant`` gives repositories whose names the first call's tasks never used.
   """
   if difficulty not in DIFFICULTIES:
     raise TaskError(f"unknown difficulty {difficulty!r}; choose one of {DIFFICULTIES}")
   if split not in SPLITS:
     raise TaskError(f"unknown split {split!r}; choose one of {SPLITS}")
-  if int(variants) < 1:
-    raise TaskError(f"variants must be >= 1 (1 = original names only), got {variants}")
+  if int(variants) < 1 or int(first_variant) < 0:
+    raise TaskError(f"variants must be >= 1 (1 = original names only) and first_variant >= 0, "
+                    f"got variants={variants}, first_variant={first_variant}")
   families = _EASY_FAMILIES if difficulty in ("hinted", "easy") else FAMILIES
   pool = []
   for t in TEMPLATES:
@@ -250,7 +254,7 @@ def generate_task_pool(difficulty: str = "easy", split: str = "train", variants:
       for func in m.functions():
         if split_of(t.name, func) != split:
           continue
-        for index in range(int(variants)):
+        for index in range(int(first_variant), int(first_variant) + int(variants)):
           renamed = _same_behaviour_variant(t, m, func, index)
           if renamed is None:
             continue
@@ -275,13 +279,13 @@ def _same_behaviour_variant(t: Template, m: Module, func: str, index: int):
 
 
 def generate_tasks(n: int, *, seed: int = 0, difficulty: str = "easy", split: str = "train",
-                   variants: int = 1) -> list[Task]:
+                   variants: int = 1, first_variant: int = 0) -> list[Task]:
   """``n`` distinct tasks, deterministic in (seed, difficulty, split), families balanced.
 
   Tasks are drawn family by family in a seeded round robin, so rarer bug families are not
   swamped by frequent ones. Raises TaskError when the pool has fewer than ``n`` tasks.
   """
-  pool = generate_task_pool(difficulty, split, variants)
+  pool = generate_task_pool(difficulty, split, variants, first_variant)
   if n > len(pool):
     raise TaskError(f"only {len(pool)} distinct {difficulty}/{split} synthetic tasks exist with "
                     f"variants={variants}; asked for {n} (raise variants or ask for fewer)")
