@@ -30,6 +30,8 @@ def main(argv):
   from legorl_jax.metrics import plot
 
   summary = pipeline.run(FLAGS.config, FLAGS.workdir)
+  if not distributed.is_coordinator():
+    return  # process 0 reports for the whole run
   print(json.dumps(summary, indent=2, sort_keys=True))
   path = plot.write_curves(FLAGS.workdir)
   print(f"curves: {path}")
