@@ -367,7 +367,7 @@ class Engine:
         self._step_failure(e)
 
   def _step(self):
-    """One scheduling round: admit, maybe swap parameters, one prefill call, one decode chunk."""
+    """One scheduling round: admit, maybe swap parameters, prefill, one decode chunk."""
     with self._cv:
       admitted = []
       while self._queue and self._slots.num_free() > 0:
@@ -384,7 +384,11 @@ class Engine:
         self._apply_update(state, version)
         self._update = None
         done.set()
-    if any(r.next_prefill < r.prefill_end for r in self._live.values()):
+    # Prefill everything admitted before decoding: rows then join the decode batch together
+    # instead of a prefill call apart each, and the batch runs at full width for longer.
+    for _ in range(self.max_batch):
+      if not any(r.next_prefill < r.prefill_end for r in self._live.values()):
+        break
       self._run_prefill()
     if any(r.next_prefill >= r.prefill_end for r in self._live.values()):
       self._run_decode()
@@ -514,10 +518,16 @@ class Engine:
     if not isinstance(sharding, NamedSharding):
       return make()
     c = self.config
-    shape = (self.max_batch, c.num_kv_heads, self.max_len, c.head_dim)
-    spec = sharding_rules.logical_to_spec((None, "kv_heads", None, "head_dim"), shape,
-                                          sharding.mesh)
-    return jax.jit(make, out_shardings=NamedSharding(sharding.mesh, spec))()
+
+    def spec(logical, shape):
+      return NamedSharding(sharding.mesh,
+                           sharding_rules.logical_to_spec(logical, shape, sharding.mesh))
+
+    b, h, s, d = self.max_batch, c.num_kv_heads, self.max_len, c.head_dim
+    k = spec((None, "kv_heads", "head_dim", None), (b, h, d, s))
+    v = spec((None, "kv_heads", None, "head_dim"), (b, h, s, d))
+    n = c.num_layers
+    return jax.jit(make, out_shardings=Cache(k=(k,) * n, v=(v,) * n))()
 
   def _cache_lost(self) -> bool:
     return any(x.is_deleted() for x in self._cache.k + self._cache.v)

@@ -3,11 +3,12 @@
 Both take the model as ``(graphdef, state)`` (``nnx.split`` once on the host, ``nnx.merge``
 inside the trace), so new parameters of the same shapes never trigger a recompile.
 
-Both work on a *window* of the full head-major cache (``sampling.cache``): rows
-``[:rows]`` (decode) or gathered rows (prefill), slots ``[:attn_len]``; and write it back.
-Attention cost therefore follows the longest live sequence (rounded up to a bucket), not
-``max_len``. Callers choose ``attn_len`` > every position the call touches. ``PREFILL`` /
-``DECODE`` are the jitted forms, shared by every engine (one executable per model shape and
+Both work on a *window* of the full cache (``sampling.cache``): rows ``[:rows]`` (decode) or
+gathered rows (prefill), slots ``[:attn_len]`` plus scratch; and write it back. Attention cost
+therefore follows the longest live sequence (rounded up to a bucket), not ``max_len``; the
+decode loop updates its window in place (a test checks the compiled loop holds no cache copy).
+Callers choose ``attn_len`` > every position the call touches. ``PREFILL`` / ``DECODE`` are
+the jitted forms, shared by every engine (one executable per model shape and
 bucket), with the cache donated.
 
 Cache protocol: a row's K/V is valid for positions ``0..p-1`` when its next input token sits
@@ -53,7 +54,7 @@ def prefill(graphdef, state, cache: Cache, slots: jax.Array, ids: jax.Array,
 
   Args:
     graphdef, state: ``nnx.split`` of a Decoder.
-    cache: full cache, slots ``[N, Hkv, S, Dh]``.
+    cache: full cache (``sampling.cache`` layout), N rows of S slots.
     slots: int32 [P] cache row of each chunk row; ``>= N`` marks a padding row.
     ids: int32 [P, T] tokens; positions: int32 [P, T] absolute positions, -1 = padding.
     attn_len: static window length, > every position in ``positions``.
@@ -61,9 +62,8 @@ def prefill(graphdef, state, cache: Cache, slots: jax.Array, ids: jax.Array,
     The updated full cache.
   """
   model = nnx.merge(graphdef, state)
-  sub = cache.map(lambda x: jnp.take(x, slots, axis=0, mode="fill", fill_value=0)[:, :, :attn_len])
-  _, sub = forward(model, ids, positions, sub)
-  return cache.map2(lambda full, w: full.at[slots, :, :attn_len].set(w, mode="drop"), sub)
+  _, sub = forward(model, ids, positions, cache.window(slots, attn_len))
+  return cache.put_window(slots, sub)
 
 
 def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: int,
@@ -75,7 +75,7 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
 
   Args:
     graphdef, state: ``nnx.split`` of a Decoder.
-    cache: full cache, slots ``[N, Hkv, S, Dh]``.
+    cache: full cache (``sampling.cache`` layout), N rows of S slots.
     rows: DecodeRows of the first ``num_rows`` cache rows.
     num_rows, attn_len, num_steps: static window and loop sizes.
 
@@ -84,8 +84,16 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
     row was inactive at that step.
   """
   model = nnx.merge(graphdef, state)
-  sub = cache.map(lambda x: x[:num_rows, :, :attn_len])
-  k = num_steps
+  sub = cache.window(num_rows, attn_len)
+  # One row runs as two (the second a zero, inactive row): with a batch of one XLA fuses each
+  # cache write into two consumers of different shapes and then copies every layer's cache at
+  # every step, which costs far more than the extra row.
+  pad = 1 if num_rows == 1 else 0
+  if pad:
+    sub = Cache(k=tuple(map(_pad_rows, sub.k)), v=tuple(map(_pad_rows, sub.v)))
+    rows = jax.tree.map(_pad_rows, rows)._replace(
+        positions=jnp.concatenate([rows.positions, jnp.full((1,), -1, jnp.int32)]))
+  n, k = num_rows + pad, num_steps
 
   def step(i, carry):
     sub, r, out_ids, out_logp = carry
@@ -105,10 +113,19 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
     out_logp = out_logp.at[i].set(jnp.where(active, logp, 0.0))
     return sub, r, out_ids, out_logp
 
-  init = (sub, rows, jnp.full((k, num_rows), -1, jnp.int32), jnp.zeros((k, num_rows), jnp.float32))
+  init = (sub, rows, jnp.full((k, n), -1, jnp.int32), jnp.zeros((k, n), jnp.float32))
   sub, rows, out_ids, out_logp = jax.lax.fori_loop(0, k, step, init)
-  cache = cache.map2(lambda full, w: jax.lax.dynamic_update_slice(full, w, (0, 0, 0, 0)), sub)
+  if pad:
+    sub = Cache(k=tuple(x[:num_rows] for x in sub.k), v=tuple(x[:num_rows] for x in sub.v))
+    rows = jax.tree.map(lambda x: x[:num_rows], rows)
+    out_ids, out_logp = out_ids[:, :num_rows], out_logp[:, :num_rows]
+  cache = cache.put_window(num_rows, sub)
   return cache, rows, out_ids, out_logp
+
+
+def _pad_rows(x: jax.Array) -> jax.Array:
+  """Appends one zero row (leading axis)."""
+  return jnp.pad(x, [(0, 1)] + [(0, 0)] * (x.ndim - 1))
 
 
 # Process-wide: a trace means one new compiled shape (the Python body runs only when tracing).
