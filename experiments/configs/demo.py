@@ -29,6 +29,7 @@ def get_config():
   c.sft.check_every = 50
   c.sft.rows_per_batch = 16
   c.sft.buckets = (512, 640)
+  c.sft.micro_batches = 4
   c.trainer.pack = True
   c.trainer.buckets = (1024,)
   c.trainer.rows_per_batch = 40

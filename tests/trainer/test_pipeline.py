@@ -10,6 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["--config.sft.steps=3", "--config.sft.num_demos=4", "--config.sft.rows_per_batch=4",
+         "--config.sft.check_demos=2", "--config.sft.check_every=2",
          "--config.tasks.num_train=8", "--config.tasks.num_val=2", "--config.eval.samples=2",
          "--config.rollout.tasks_per_step=2", "--config.rollout.samples_per_task=2",
          "--config.rollout.concurrency=4", "--config.trainer.rows_per_batch=4",
@@ -46,7 +47,8 @@ def test_summary_and_accounting(run):
               "val_greedy_solve_rate_after_rl", "val_pass@2_before_rl", "val_pass@2_after_rl",
               "sft_demos", "rl_steps"):
     assert key in summary, key
-  assert summary["sft_demos"] == 4  # the scripted policy solves every demo task
+  assert summary["sft_demos"] == 4  # the scripted policy solves every demo task (+2 held out)
+  assert 0.0 <= summary["sft_check_greedy_exact"] <= 1.0 and summary["sft_check_nll"] > 0
   trials = _lines(workdir / "trials.jsonl")
   phases = {}
   for t in trials:
