@@ -23,8 +23,8 @@ def get_config():
   c.tasks.held_out = "names"
   c.harness.name = "builtin"
   c.sandbox.backend = "local"
-  c.sft.num_demos = 480
-  c.sft.steps = 400
+  c.sft.num_demos = 320
+  c.sft.steps = 300
   c.sft.check_demos = 32
   c.sft.check_every = 50
   c.sft.rows_per_batch = 16
@@ -36,6 +36,6 @@ def get_config():
   c.trainer.micro_batches = 2
   c.rollout.tasks_per_step = 8
   c.rollout.samples_per_task = 8
-  c.trainer.steps = 12
+  c.trainer.steps = 10
   c.optim.learning_rate = 1e-3
   return c
