@@ -26,6 +26,21 @@ def _device_copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
+def merge_update_metrics(merged: dict[str, float], m, i: int) -> None:
+  """Folds update ``i``'s metrics into ``merged``: sums and counts add, maxima max, means
+  (already final per update) average over the updates."""
+  for k, v in m.items():
+    v = float(v)
+    if k not in merged:
+      merged[k] = v
+    elif k.endswith(("_max", "_p99")):
+      merged[k] = max(merged[k], v)
+    elif k in ("tokens", "seqs"):
+      merged[k] += v
+    else:
+      merged[k] = merged[k] + (v - merged[k]) / (i + 1)
+
+
 class Learner:
   """Holds ``TrainState`` (sharded over ``cfg.mesh``) and applies updates."""
 
@@ -81,17 +96,8 @@ class Learner:
       cap = (ts.scored_cap_for(batch, int(self.cfg.trainer.get("micro_batches", 1)))
              if self.cfg.trainer.get("lm_head_on_scored_only", True) else None)
       self.state, m = self._jitted(dev, cap)(self.state, dev)
-      m = {k: float(v) for k, v in m.items()}
       tokens += int(np.sum(batch["segment_ids"] > 0))
-      for k, v in m.items():
-        if k not in merged:
-          merged[k] = v
-        elif k.endswith(("_max", "_p99")):
-          merged[k] = max(merged[k], v)
-        elif k in ("tokens", "seqs"):
-          merged[k] += v
-        else:  # means (already finalised per update): average over updates
-          merged[k] = merged[k] + (v - merged[k]) / (i + 1)
+      merge_update_metrics(merged, m, i)
     merged["learner_tokens"] = tokens
     merged["learner_time_s"] = time.perf_counter() - t0
     merged["learner_tokens_per_s"] = tokens / max(merged["learner_time_s"], 1e-9)

@@ -30,6 +30,7 @@ from legorl_jax.rollout.runner import TrialJob, run_trials
 from legorl_jax.rollout.trial import TrialResult
 from legorl_jax.sharding import distributed
 from legorl_jax.trainer import train_step as ts
+from legorl_jax.trainer.learner import merge_update_metrics
 
 _FLOAT_KEYS = ("loss_mask", "advantages", "rollout_logp", "old_logp")
 _TRIAL_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialResult)) - {"trajectory"}
@@ -260,17 +261,8 @@ class GlobalUpdater:
       cap = self._cap(lb)
       state, m = self._train_step(gb, cap)(self.learner.state, gb)
       self.learner.state = state
-      m = {k: float(v) for k, v in m.items()}
       tokens += int(np.sum(np.asarray(lb["segment_ids"]) > 0))
-      for k, v in m.items():
-        if k not in merged:
-          merged[k] = v
-        elif k.endswith(("_max", "_p99")):
-          merged[k] = max(merged[k], v)
-        elif k in ("tokens", "seqs"):
-          merged[k] += v
-        else:
-          merged[k] = merged[k] + (v - merged[k]) / (i + 1)
+      merge_update_metrics(merged, m, i)
     merged["learner_tokens"] = float(sum(gather_objects(tokens)))
     merged["learner_time_s"] = time.perf_counter() - t0
     merged["learner_tokens_per_s"] = merged["learner_tokens"] / max(merged["learner_time_s"], 1e-9)

@@ -15,13 +15,11 @@ files go through ``utils.paths``, trial directories and sockets stay on the host
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import time
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -31,7 +29,6 @@ from legorl_jax.harnesses import registry as harness_registry
 from legorl_jax.metrics.writer import MetricsWriter
 from legorl_jax.models import create_model, from_pretrained, get_preset, save_pretrained
 from legorl_jax.models import tokenizer as tok_lib
-from legorl_jax.models.params import split_model
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sandbox import SandboxConfig
 from legorl_jax.sharding import distributed

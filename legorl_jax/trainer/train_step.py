@@ -11,7 +11,7 @@ position ``t``; a prediction across a segment boundary is never scored.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

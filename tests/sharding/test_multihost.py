@@ -4,10 +4,6 @@ must reproduce a single process holding the whole batch; plus the single-process
 the helpers in ``legorl_jax.sharding.distributed``."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -20,39 +16,14 @@ from legorl_jax.models import create_model
 from legorl_jax.models.params import split_model
 from legorl_jax.sharding import distributed, make_mesh
 from legorl_jax.trainer import state as state_lib, train_step as ts
+from tests.sharding import two_processes
 from tests.trainer import test_train_step as helpers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
-  port = _free_port()
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
-  for k in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
-    env.pop(k, None)
-  procs = [subprocess.Popen([sys.executable, "-m", "tests.sharding.multihost_worker", str(i), "2",
-                             str(port), str(tmp_path)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  logs = []
-  try:
-    for p in procs:
-      out, _ = p.communicate(timeout=420)
-      logs.append(out)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  for i, (p, log) in enumerate(zip(procs, logs)):
-    assert p.returncode == 0, f"process {i} failed:\n{log[-4000:]}"
+  two_processes.run("tests.sharding.multihost_worker", tmp_path, timeout=420)
 
   # Each process fed a disjoint half; together they cover the batch.
   rows = [json.load(open(tmp_path / f"rows_{i}.json")) for i in range(2)]

@@ -6,10 +6,6 @@ trajectories (loss, entropy and every parameter)."""
 
 import collections
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,14 +16,8 @@ from legorl_jax.trainer import pipeline, rl_loop
 from legorl_jax.trainer.checkpoint import Checkpointer
 from legorl_jax.trainer.learner import Learner
 from tests.sharding import multihost_rl_worker as worker
+from tests.sharding import two_processes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _lines(path):
@@ -60,27 +50,8 @@ def _reference_batches(results, cfg, hosts=2):
 
 @pytest.mark.slow
 def test_two_hosts_share_trials_and_update_like_one(tmp_path):
-  port = _free_port()
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
-  for k in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
-    env.pop(k, None)
   workdir = tmp_path / "run"
-  procs = [subprocess.Popen([sys.executable, "-m", "tests.sharding.multihost_rl_worker", str(i), "2",
-                             str(port), str(workdir)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  logs = []
-  try:
-    for p in procs:
-      out, _ = p.communicate(timeout=600)
-      logs.append(out)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  for i, (p, log) in enumerate(zip(procs, logs)):
-    assert p.returncode == 0, f"process {i} failed:\n{log[-4000:]}"
+  two_processes.run("tests.sharding.multihost_rl_worker", workdir, timeout=600)
   check_run(workdir)
 
 
