@@ -25,7 +25,7 @@ if ! docker_ok; then
   if ! pgrep -x dockerd >/dev/null 2>&1; then
     echo "setup_system: starting dockerd"
     mkdir -p /var/log
-    nohup dockerd --storage-driver=overlay2 >/var/log/dockerd.log 2>&1 &
+    setsid nohup dockerd --storage-driver=overlay2 >/var/log/dockerd.log 2>&1 </dev/null &
   fi
   for _ in $(seq 1 60); do
     docker_ok && break

@@ -202,7 +202,10 @@ def start_dockerd(argv=("dockerd", "--storage-driver=overlay2"), timeout_s: floa
   if not docker_ok():
     if _dockerd_pid() is None:
       cmd = " ".join(shlex.quote(a) for a in argv)
-      subprocess.run(["/bin/sh", "-c", f"nohup {cmd} >>/var/log/dockerd.log 2>&1 &"], check=True)
+      # Its own session: it must outlive this process group (a test runner killing its jobs'
+      # groups would otherwise take the engine down with it for every later Docker test).
+      subprocess.run(["/bin/sh", "-c", f"setsid nohup {cmd} >>/var/log/dockerd.log 2>&1 </dev/null &"],
+                     check=True)
     deadline = time.monotonic() + timeout_s
     while not docker_ok():
       if time.monotonic() > deadline:
