@@ -20,6 +20,9 @@ INSTALL_REQUIRES = [
     "tqdm>=4.66,<5",
     "aiohttp>=3.9,<4",
     "tensorboardX>=2.6,<3",
+    # Run-file paths: local, gs:// (with gcsfs, in [tpu]) and other object stores.
+    "etils[epath]>=1.7,<2",
+    "fsspec>=2024.2",
 ]
 
 EXTRAS = {
