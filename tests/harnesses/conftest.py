@@ -18,7 +18,6 @@ Check helpers (plain functions, import them from ``tests.harnesses.conftest``):
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import tempfile
@@ -293,3 +292,12 @@ def check_accounted(results, tasks):
   for r in results:
     st.check(r.status)
     assert r.trajectory is not None or r.status == st.SANDBOX_ERROR, describe(r)
+
+
+def check_policy_trials(model, results, tasks):
+  """Tiny-policy trials: one accounted result per task, each ending with a policy status (not
+  an infrastructure one), each recording re-scored token for token by ``model``."""
+  check_accounted(results, tasks)
+  for r in results:
+    assert r.status in (st.FAILED, st.OVERLONG, st.SOLVED, st.TIMEOUT), describe(r)
+    assert check_token_faithful(model, r.trajectory) > 0, describe(r)
