@@ -60,7 +60,7 @@ def rename_function(source: str, func: str, mapping: dict[str, str]) -> str:
 
   Works on tokens inside the function's line span: attribute names (after ``.``) and keyword
   arguments in calls are left alone, as are strings, so only the variables change. Names in
-  the docstring written as ````name```` follow the rename so the documentation stays true.
+  a one-line docstring written as ````name```` follow the rename so the documentation stays true.
   """
   fn = _function_node(source, func)
   first, last = fn.lineno, fn.end_lineno
@@ -80,21 +80,16 @@ def rename_function(source: str, func: str, mapping: dict[str, str]) -> str:
                   and not (fn.lineno == tok.start[0] and depth == 1))  # parameter defaults stay names
       if not is_attr and not is_kwarg:
         edits.append((tok.start[0], tok.start[1], tok.string, mapping[tok.string]))
-    elif in_span and tok.type == tokenize.STRING:
-      for old, new in mapping.items():
-        if f"``{old}``" in tok.string:
-          edits.append((tok.start[0], tok.start[1], tok.string, None))
-          break
+    elif in_span and tok.type == tokenize.STRING and tok.start[0] == tok.end[0]:
+      text = tok.string  # a one-line docstring: its ``name`` references follow the rename
+      for a, b in mapping.items():
+        text = text.replace(f"``{a}``", f"``{b}``")
+      if text != tok.string:
+        edits.append((tok.start[0], tok.start[1], tok.string, text))
     if tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
       prev = tok
   for row, col, old, new in sorted(edits, reverse=True):
     line = lines[row - 1]
-    if new is None:  # a docstring on one line: rewrite its ``name`` references
-      new = old
-      for a, b in mapping.items():
-        new = new.replace(f"``{a}``", f"``{b}``")
-      if old not in line[col:col + len(old)]:
-        continue  # multi-line strings: left as they are
     lines[row - 1] = line[:col] + new + line[col + len(old):]
   return "".join(lines)
 
