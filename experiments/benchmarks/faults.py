@@ -1,13 +1,15 @@
 r"""Fault injection: every fault scenario of ``tests/reliability`` injected into real runs.
 
 Each scenario runs real trials (built-in harness, Codex, the tiny policy in a real engine;
-local bubblewrap and Docker sandboxes) or the real learner, injects one fault, and checks that
-every trial is accounted for in ``trials.jsonl`` with a status, that no sandbox dir, container
-or process is left behind, and that checkpoints stay readable / the resumed run matches.
+local bubblewrap and Docker sandboxes), the real learner or the whole ``experiments.train``
+pipeline, injects one fault, and checks that every trial is accounted for in ``trials.jsonl``
+with a status, that no sandbox dir, container or process is left behind, and that
+checkpoints stay readable / the resumed run matches.
 Prints a table, then one JSON line with ``lost_trials``, ``leaked`` and per-fault outcomes.
 
   python -m experiments.benchmarks.faults                  # everything available here
   python -m experiments.benchmarks.faults --skip=trainer_kill,engine_raises
+  python -m experiments.benchmarks.faults --only=pipeline_kill   # ~4 minutes on 2 cores
 
 Needs root for the tmpfs (disk full) scenario and a Docker engine for the Docker ones
 (``bash .ci/setup_system.sh``); unavailable ones are reported as skipped. The Docker restart
@@ -73,6 +75,13 @@ def _scenarios(fk, env, docker: bool, tiny):
     return fk.trainer_kill(d)
 
   out.append(("trainer_kill", "sync", trainer))
+
+  def pipeline():
+    d = os.path.join(env.root, "pipeline")
+    os.makedirs(d)
+    return fk.pipeline_kill(d)
+
+  out.append(("pipeline_kill", "local", pipeline))
   return out
 
 

@@ -3,12 +3,22 @@
 ``ProxyService.complete`` classifies the call's stream, splices recorded generations into
 the prompt, maps the request's sampling options onto server defaults / caps / forced values,
 clamps ``max_tokens`` to the context, samples through the backend and records the call.
+
+Reproducible sampling: a session may carry a seed (``set_session_seed``, set by whoever
+creates it, e.g. the RL loop from the run seed, step, task and sample). A request without its
+own ``seed`` then samples with ``derive_seed(session seed, stream, call index in the stream)``,
+so a trial's tokens do not depend on how concurrent trials reached the engine; unseeded
+sessions keep the engine's arrival-order seeds.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 import logging
+import threading
+import weakref
 from typing import Sequence
 
 from legorl_jax import errors
@@ -22,6 +32,19 @@ from legorl_jax.sampling.params import SamplingParams
 log = logging.getLogger(__name__)
 
 _TOOL_ID_PREFIX = {"chat": "call_", "responses": "call_", "messages": "toolu_"}
+
+
+def derive_seed(*parts) -> int:
+  """A uint32 seed from ``parts`` (ints / strings), stable across processes and platforms
+  (unlike ``hash``): the same parts give the same seed in a resumed run."""
+  digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=4).digest()
+  return int.from_bytes(digest, "little")
+
+
+@dataclasses.dataclass
+class _SessionSeed:
+  seed: int
+  calls: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 @dataclasses.dataclass
@@ -64,12 +87,40 @@ class ProxyService:
     self.renderer = ChatRenderer(tokenizer, chat_template,
                                  cache_chars=self.config.token_cache_chars)
     self.sessions = SessionStore(self.config.train_streams)
+    # Session -> its seed and per-stream call counts; dies with the session.
+    self._seeds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    self._seeds_lock = threading.Lock()
+
+  def set_session_seed(self, session_id: str, seed: int) -> None:
+    """Requests of this session without their own ``seed`` sample with seeds derived from
+    ``seed``, the stream and the call's index in that stream (see the module docstring)."""
+    session = self.sessions.get(session_id)
+    if session is None:
+      raise errors.ProxyError(f"cannot seed session {session_id!r}: no such session; create it "
+                              "first (ProxyServer.create_session).", status=404, code="not_found")
+    with self._seeds_lock:
+      self._seeds[session] = _SessionSeed(int(seed) % 2**32)
+
+  def request_seed(self, session: Session | None, stream: str | None) -> int | None:
+    """The next call's seed in ``session``'s ``stream`` (None: the session has no seed).
+    Calls of one stream are sequential in a harness, so their index is reproducible."""
+    if session is None:
+      return None
+    with self._seeds_lock:
+      s = self._seeds.get(session)
+      if s is None:
+        return None
+      index = s.calls[stream]
+      s.calls[stream] += 1
+    return derive_seed(s.seed, stream, index)
 
   @property
   def max_len(self) -> int:
     return int(self.backend.max_len)
 
-  def sampling_params(self, req: RenderedRequest, prompt_len: int) -> SamplingParams:
+  def sampling_params(self, req: RenderedRequest, prompt_len: int,
+                      default_seed: int | None = None) -> SamplingParams:
+    """Server policy applied to ``req``; ``default_seed`` is used when it carries no seed."""
     c = self.config
     room = self.max_len - prompt_len
     if room < 1:
@@ -90,7 +141,7 @@ class ProxyService:
           temperature=float(temperature), top_p=float(top_p), top_k=int(req.top_k or 0),
           max_tokens=int(max_tokens), stop_token_ids=self.renderer.stop_ids,
           stop=tuple(s for s in req.stop if s),
-          seed=None if req.seed is None else int(req.seed) % 2**32)
+          seed=int(req.seed) % 2**32 if req.seed is not None else default_seed)
     except errors.ConfigError as e:
       raise errors.ProxyError(str(e), param="sampling") from e
 
@@ -106,7 +157,8 @@ class ProxyService:
       splices, unmatched = session.match_assistants(req.messages)
     prompt = self.renderer.render(req, splices)
     req.prompt_ids = prompt
-    sampling = self.sampling_params(req, len(prompt))
+    seed = self.request_seed(session, stream)  # drawn per call, even if the request has one
+    sampling = self.sampling_params(req, len(prompt), default_seed=seed)
     engine_session = f"{session.id}/{stream}" if session is not None else None
     try:
       completion = await self.backend.generate(prompt, sampling, session_id=engine_session,

@@ -9,6 +9,8 @@ final. Only the last attempt of each job is counted. Every attempt is appended t
 marking the counted one) and ``out_dir/summary.json`` holds the totals.
 
 The training loop reuses this with its own callback (``on_result``) to collect trajectories.
+A job with a ``seed`` gets a seeded proxy session (``ProxyService.set_session_seed``, attempt
+``a`` seeded with ``derive_seed(seed, a)``), so its sampled tokens are reproducible.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import uuid
 from typing import Any, Callable, Sequence
 
 from legorl_jax.harnesses.base import HarnessAdapter
+from legorl_jax.proxy.service import derive_seed
 from legorl_jax.rewards import status as st
 from legorl_jax.rollout.trial import TrialConfig, TrialResult, run_trial
 from legorl_jax.tasks.schema import Task
@@ -34,11 +37,28 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class TrialJob:
-  """One trial to run: ``group`` ties repeated samples of a task together (GRPO groups)."""
+  """One trial to run: ``group`` ties repeated samples of a task together (GRPO groups);
+  ``seed`` (optional) seeds its proxy session's sampling."""
 
   task: Task
   adapter: HarnessAdapter
   group: int = -1
+  seed: int | None = None
+
+
+class _SeededProxy:
+  """The proxy as ``run_trial`` sees it, except that the session it creates is seeded."""
+
+  def __init__(self, proxy, seed: int):
+    self._proxy, self._seed = proxy, seed
+
+  def __getattr__(self, name):
+    return getattr(self._proxy, name)
+
+  def create_session(self, *args, **kwargs):
+    handle = self._proxy.create_session(*args, **kwargs)
+    self._proxy.service.set_session_seed(handle.session_id, self._seed)
+    return handle
 
 
 def summarize(results: Sequence[TrialResult]) -> dict[str, Any]:
@@ -93,8 +113,9 @@ def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: st
       log.error("could not append trial %s to %s: %s", res.trial_id, trials_path, e)
 
   def attempt_once(job: TrialJob, attempt: int) -> TrialResult:
+    p = proxy if job.seed is None else _SeededProxy(proxy, derive_seed(job.seed, attempt))
     try:
-      return run_trial(job.task, job.adapter, proxy, config, out_dir, group=job.group,
+      return run_trial(job.task, job.adapter, p, config, out_dir, group=job.group,
                        attempt=attempt)
     except Exception as e:  # noqa: BLE001 -- run_trial should not raise; if it does, count it
       log.exception("trial of %s (%s) raised", job.task.id, job.adapter.name)

@@ -179,7 +179,7 @@ def run(cfg, workdir: str) -> dict:
   for a in adapters.values():
     a.check_installed()
   rng = np.random.default_rng(int(cfg.seed))
-  adapter_for = lambda task: adapters[chooser.choose(task, rng)]  # noqa: E731
+  adapter_for = lambda task, rng=rng: adapters[chooser.choose(task, rng)]  # noqa: E731
   eval_adapter = adapters[chooser.validation]
   trial_cfg = TrialConfig(harness_timeout_s=float(cfg.harness.timeout_s),
                           max_turns=int(cfg.harness.max_turns),
@@ -316,7 +316,8 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
                            initial=host["rl_step"] * int(cfg.rollout.tasks_per_step) * int(cfg.rollout.samples_per_task),
                            queue_depth=lambda: service.engine.stats().get("queued", 0))
   source = rl_loop.RolloutSource(loader, adapter_for, proxy, trial_cfg, cfg,
-                                 distributed.host_local_dir(workdir, "rollouts"), progress=progress.update)
+                                 distributed.host_local_dir(workdir, "rollouts"), progress=progress.update,
+                                 trials_path=trials_path)
   source.next_step = host["rl_step"] + 1
   producer = rl_loop.AsyncRollouts(source) if cfg.trainer.mode == "async" else None
   t0 = time.perf_counter()

@@ -21,12 +21,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from legorl_jax.proxy.service import derive_seed
 from legorl_jax.rl import advantages as adv_lib
 from legorl_jax.rewards import status as st
 from legorl_jax.rollout import batching, filters
-from legorl_jax.rollout.runner import summarize
+from legorl_jax.rollout.runner import TrialJob, run_trials, summarize
 from legorl_jax.rollout.trial import TrialConfig, TrialResult
-from legorl_jax.trainer import multihost
+from legorl_jax.sharding import distributed
 from legorl_jax.utils import paths
 
 log = logging.getLogger(__name__)
@@ -121,30 +122,98 @@ def rollout_metrics(results: Sequence[TrialResult], wall_s: float) -> dict[str, 
 class RolloutSource:
   """Produces one step's trial results: ``tasks_per_step`` tasks x ``samples_per_task``.
 
+  Everything random in a step is a function of (``cfg.seed``, step), never of what this
+  process did before, so a run resumed from a checkpoint samples exactly what an uninterrupted
+  one would: the harness of each trial (``adapter_for(task, rng=...)`` with a per-step rng) and
+  the sampling seed of each trial's proxy session (``trial_seed``). The tasks come from the
+  loader, whose position is checkpointed.
+
+  A step directory that already exists belongs to a run stopped during that step: it is
+  renamed ``step_NNNNN.interrupted[.k]`` and its trials are appended to ``trials_path`` with
+  ``phase="rl_interrupted"`` (``interrupted_records``) before the step runs again.
+
   With several processes every host draws the same tasks and runs its share of them
-  (``multihost.run_shared_trials``); ``collect`` returns this host's results only."""
+  (``distributed.host_share``); ``collect`` returns this host's results only."""
 
   def __init__(self, loader, adapter_for: Callable, proxy, trial_cfg: TrialConfig, cfg,
-               out_dir: str, progress=None):
+               out_dir: str, progress=None, trials_path: str | None = None):
     self.loader, self.adapter_for, self.proxy = loader, adapter_for, proxy
     self.trial_cfg, self.cfg, self.out_dir, self.progress = trial_cfg, cfg, out_dir, progress
+    self.trials_path = trials_path
     self.next_step = 1  # the RL step the next collected batch is for (consumed in order)
 
   def collect(self) -> tuple[list[TrialResult], float, dict]:
     """Runs the next step's trials; returns (results, wall seconds, loader position after)."""
     n = int(self.cfg.rollout.samples_per_task)
+    seed, step = int(self.cfg.seed), self.next_step
     tasks = self.loader.next_batch(int(self.cfg.rollout.tasks_per_step))
     position = self.loader.state_dict()  # where a resumed run continues
-    # Every trial's harness, chosen on every host in the same order (a seeded chooser).
-    adapters = [[self.adapter_for(task) for _ in range(n)] for task in tasks]
-    t0 = time.perf_counter()
-    step_dir = os.path.join(self.out_dir, f"step_{self.next_step:05d}")
+    # Every trial's harness, chosen on every host in the same order from the step's rng.
+    rng = np.random.default_rng(derive_seed("harness", seed, step))
+    adapters = [[self.adapter_for(task, rng=rng) for _ in range(n)] for task in tasks]
+    jobs = [TrialJob(tasks[g], adapters[g][s], group=g,
+                     seed=trial_seed(seed, step, g, tasks[g].id, s))
+            for g in distributed.host_share(len(tasks)) for s in range(n)]
+    step_dir = os.path.join(self.out_dir, f"step_{step:05d}")
+    if os.path.isdir(step_dir):
+      cut = interrupted_records(step_dir, tasks)
+      log.warning("step %d was cut short by a previous run: %d of its trials set aside in %s",
+                  step, len(cut), cut[0]["dir"] if cut else "-")
+      if self.trials_path and cut:
+        append_records(self.trials_path, cut, step=step, phase="rl_interrupted")
     self.next_step += 1
-    results = multihost.run_shared_trials(tasks, adapters, n, self.proxy, self.trial_cfg, step_dir,
-                                          concurrency=int(self.cfg.rollout.concurrency),
-                                          max_retries=int(self.cfg.rollout.max_retries),
-                                          on_result=self.progress)
+    t0 = time.perf_counter()
+    results = run_trials(jobs, self.proxy, self.trial_cfg, step_dir,
+                         concurrency=int(self.cfg.rollout.concurrency),
+                         max_retries=int(self.cfg.rollout.max_retries), on_result=self.progress)
     return results, time.perf_counter() - t0, position
+
+
+def trial_seed(seed: int, step: int, group: int, task_id: str, sample: int) -> int:
+  """The proxy-session seed of sample ``sample`` of task ``task_id`` (``group``-th of the step)."""
+  return derive_seed("rl", seed, step, group, task_id, sample)
+
+
+def append_records(path: str, records: Sequence[dict], **fields) -> None:
+  paths.append_lines(path, [json.dumps({**r, **fields}) for r in records])
+
+
+def interrupted_records(step_dir: str, tasks: Sequence) -> list[dict]:
+  """Sets aside the directory of a step a stopped run left behind; returns its trials.
+
+  Attempts that finished keep the record they wrote to the step's ``trials.jsonl``; a trial
+  directory without a record was running when the run stopped and is recorded as
+  ``harness_error`` (an infrastructure status: never scored, never in a loss) with
+  ``interrupted: true``. Every record gets ``interrupted: true`` and ``dir`` (the new place).
+  """
+  dest, k = step_dir + ".interrupted", 1
+  while os.path.exists(dest):
+    k += 1
+    dest = f"{step_dir}.interrupted.{k}"
+  os.rename(step_dir, dest)
+  records = []
+  try:
+    with open(os.path.join(dest, "trials.jsonl")) as f:
+      for line in f:
+        try:
+          records.append(json.loads(line))
+        except ValueError:  # the line being written when the process died
+          continue
+  except FileNotFoundError:
+    pass
+  written = {r.get("trial_id") for r in records}
+  task_ids = {t.id.replace("/", "_"): t.id for t in tasks}
+  for name in sorted(os.listdir(dest)):
+    if name in written or not os.path.isdir(os.path.join(dest, name)):
+      continue
+    prefix = name.rsplit(".", 1)[0]
+    records.append({"trial_id": name, "task_id": task_ids.get(prefix, prefix),
+                    "status": st.HARNESS_ERROR, "reward": 0.0, "final": False,
+                    "error": "interrupted: the trainer stopped while this trial ran; the step "
+                             "was run again"})
+  for r in records:
+    r.update(interrupted=True, dir=dest)
+  return records
 
 
 class AsyncRollouts:

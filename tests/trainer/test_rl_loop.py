@@ -63,3 +63,45 @@ def test_solve_stats_excludes_infrastructure():
   s = rl_loop.solve_stats(rs, k_values=(1, 2))
   assert s["n_trials"] == 3 and math.isclose(s["solve_rate"], 2 / 3)
   assert math.isclose(s["pass@2"], 1.0)
+
+
+def test_interrupted_step_is_set_aside_and_every_trial_recorded(tmp_path):
+  """A step directory left by a killed run: finished attempts keep their record, trial dirs
+  without one become ``harness_error`` records, a half-written last line is skipped, and a
+  second interruption of the same step gets its own directory."""
+  import json
+  import os
+  import types
+
+  tasks = [types.SimpleNamespace(id="synth/a"), types.SimpleNamespace(id="synth/b")]
+
+  def cut_step(done, running):
+    step = tmp_path / "step_00002"
+    step.mkdir()
+    for t in done + running:
+      (step / t).mkdir()
+    lines = [json.dumps({"trial_id": t, "task_id": "synth/a", "status": "failed", "final": True})
+             for t in done]
+    (step / "trials.jsonl").write_text("\n".join(lines) + '\n{"trial_id": "synth_b.x')
+    return str(step)
+
+  step = cut_step(["synth_a.01", "synth_a.02"], ["synth_b.03"])
+  recs = rl_loop.interrupted_records(step, tasks)
+  assert not os.path.exists(step) and os.path.isdir(step + ".interrupted")
+  assert [(r["trial_id"], r["task_id"], r["status"]) for r in recs] == [
+      ("synth_a.01", "synth/a", "failed"), ("synth_a.02", "synth/a", "failed"),
+      ("synth_b.03", "synth/b", "harness_error")]
+  assert all(r["interrupted"] and r["dir"] == step + ".interrupted" for r in recs)
+  assert recs[2]["reward"] == 0.0 and not recs[2]["final"]
+
+  step = cut_step([], ["synth_a.04"])
+  recs = rl_loop.interrupted_records(step, tasks)
+  assert [r["trial_id"] for r in recs] == ["synth_a.04"]
+  assert recs[0]["dir"] == step + ".interrupted.2"
+
+
+def test_trial_seeds_differ_per_step_task_and_sample():
+  seeds = {rl_loop.trial_seed(0, step, g, f"t{g}", s)
+           for step in (1, 2) for g in range(3) for s in range(4)}
+  assert len(seeds) == 24
+  assert rl_loop.trial_seed(0, 1, 0, "t0", 0) != rl_loop.trial_seed(1, 1, 0, "t0", 0)
