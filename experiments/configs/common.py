@@ -95,7 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.micro_batches = 1
   c.sft.check_demos = 0          # demonstrations held out of SFT for the imitation check
   c.sft.check_every = 50
-  c.sft.stop_at_greedy_exact = None  # stop SFT once this fraction of held-out demos is reproduced
+  # Stop SFT once this fraction of held-out demos is reproduced (None: never). A typed
+  # placeholder, so --config.sft.stop_at_greedy_exact=0.25 works from the command line.
+  c.sft.stop_at_greedy_exact = ml_collections.config_dict.placeholder(float)
   c.sft.demos = ""               # a demos.jsonl to train on instead of collecting
 
   c.eval = ml_collections.ConfigDict()
@@ -147,7 +149,7 @@ def accelerator_config(preset: str, *, tasks_per_step: int, samples_per_task: in
   c.trainer.rows_per_batch = 64
   c.trainer.micro_batches = 8
   c.trainer.pack = True
-  c.trainer.logprob_impl = None     # pallas on GPU, xla elsewhere
+  c.trainer.logprob_impl = ml_collections.config_dict.placeholder(str)  # None: pallas on GPU, xla elsewhere
   c.optim.learning_rate = 1e-6
   c.optim.schedule = "warmup"
   c.optim.warmup_steps = 10

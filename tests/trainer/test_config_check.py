@@ -37,3 +37,25 @@ def test_unknown_override_key_fails_at_start(tmp_path):
                       "--config=experiments/configs/demo.py", "--config.trainer.stepz=3"],
                      cwd=root, capture_output=True, text=True, timeout=120)
   assert r.returncode != 0 and "stepz" in r.stderr
+
+
+def _leaves(cfg, prefix=""):
+  for key in cfg.keys():
+    value = cfg[key]
+    if hasattr(value, "keys"):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield cfg, key, f"{prefix}{key}"
+
+
+CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.dirname(common.__file__))
+                 if f.endswith(".py") and f not in ("__init__.py", "common.py"))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_key_can_be_overridden_from_the_command_line(name):
+  # absl's --config.KEY=VALUE needs a typed field; a bare None default cannot be overridden.
+  import importlib
+  cfg = importlib.import_module(f"experiments.configs.{name}").get_config()
+  untyped = [dotted for node, key, dotted in _leaves(cfg) if node.get_type(key) is type(None)]
+  assert not untyped, f"fields without a type (use ml_collections.config_dict.placeholder): {untyped}"
