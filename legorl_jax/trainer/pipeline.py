@@ -29,6 +29,7 @@ from legorl_jax.harnesses import registry as harness_registry
 from legorl_jax.metrics.writer import MetricsWriter
 from legorl_jax.models import create_model, from_pretrained, get_preset, save_pretrained
 from legorl_jax.models import tokenizer as tok_lib
+from legorl_jax.proxy.service import derive_seed
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sandbox import SandboxConfig
 from legorl_jax.sharding import distributed
@@ -129,10 +130,15 @@ def evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir, *, trials_path=No
 
 
 def _eval_trials(tasks, adapter, n, proxy, trial_cfg, cfg, out_dir):
-  """``n`` trials per task, this host's share of the tasks; every host's results returned."""
+  """``n`` trials per task, this host's share of the tasks; every host's results returned.
+
+  Sample ``s`` of a task samples with the same seeds at every evaluation of the run, so the
+  before/after-RL comparison is paired (common random numbers) and a rerun reproduces it."""
+  seed = int(cfg.seed)
   local = multihost.run_shared_trials(tasks, [adapter] * len(tasks), n, proxy, trial_cfg, out_dir,
                                       concurrency=int(cfg.rollout.concurrency),
-                                      max_retries=int(cfg.rollout.max_retries))
+                                      max_retries=int(cfg.rollout.max_retries),
+                                      seed_of=lambda g, s: derive_seed("eval", seed, tasks[g].id, s))
   return multihost.gather_results(local)
 
 

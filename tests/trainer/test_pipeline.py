@@ -75,3 +75,47 @@ def test_resume_continues_from_the_checkpoint(run):
   assert not any(t["phase"] == "rl" and t["step"] == 1 and t["trial_id"] in
                  {x["trial_id"] for x in trials if x.get("step") == 2} for t in trials)
   assert json.load(open(workdir / "summary.json"))["rl_steps"] == 2
+
+
+@pytest.mark.slow
+def test_evaluations_of_one_policy_are_paired(tmp_path):
+  """Two evaluations of the same policy sample the same tokens trial for trial (each sample's
+  proxy session is seeded from the run seed, task and sample index), so the before/after-RL
+  difference is not sampling noise between two independent draws."""
+  from experiments.configs import demo
+  from legorl_jax.harnesses import registry
+  from legorl_jax.models import create_model, get_preset
+  from legorl_jax.models import tokenizer as tok_lib
+  from legorl_jax.rollout.trial import TrialConfig
+  from legorl_jax.sandbox import SandboxConfig
+  from legorl_jax.trainer import pipeline
+  from legorl_jax.trainer.policy_service import PolicyService
+
+  cfg = demo.get_config()
+  cfg.tasks.num_val, cfg.eval.samples, cfg.eval.greedy = 2, 2, False
+  cfg.sampling.max_tokens, cfg.harness.max_turns, cfg.engine.max_batch = 24, 1, 4
+  tasks = pipeline.held_out_tasks(cfg)
+  service = PolicyService(create_model(get_preset("tiny"), seed=0), tok_lib.load_tokenizer(), cfg,
+                          str(tmp_path / "sockets"))
+  trial_cfg = TrialConfig(harness_timeout_s=60.0, max_turns=1, sandbox=SandboxConfig(backend="local"))
+  try:
+    sampled = []
+    for name in ("first", "second"):
+      trials = tmp_path / f"{name}.jsonl"
+      pipeline.evaluate(service, tasks, registry.get_adapter("builtin"), trial_cfg, cfg,
+                        str(tmp_path / name), trials_path=str(trials))
+      seen, by_sample = {}, {}
+      for r in _lines(trials):  # job order: each task's samples 0..n-1
+        k = seen[r["task_id"]] = seen.get(r["task_id"], -1) + 1
+        by_sample[(r["task_id"], k)] = _sampled_ids(r["trajectory_path"])
+      sampled.append(by_sample)
+  finally:
+    service.close()
+  assert len(sampled[0]) == 4 and sampled[0] == sampled[1]
+  assert len({tuple(v) for v in sampled[0].values()}) > 1  # samples differ from one another
+
+
+def _sampled_ids(trajectory_path):
+  with open(trajectory_path) as f:
+    traj = json.load(f)
+  return [t for seg in traj["segments"] for t, m in zip(seg["token_ids"], seg["loss_mask"]) if m]
