@@ -74,15 +74,24 @@ class MetricsWriter:
 
 
 def read_metrics(workdir: str) -> list[dict]:
+  """The rows of ``DIR/metrics.jsonl``, one per (phase, step): the last one written.
+
+  A run killed after logging a step but before checkpointing it redoes that step when it
+  resumes, so the file can hold a step twice; the later row is the one the run continued from.
+  Rows are returned in the order their final versions were written."""
   path = paths.join(workdir, "metrics.jsonl")
-  out = []
+  rows: dict = {}
   if paths.exists(path):
     with paths.open_file(path) as f:
-      for line in f:
+      for i, line in enumerate(f):
         line = line.strip()
         if line:
           try:
-            out.append(json.loads(line))
+            row = json.loads(line)
           except ValueError:
             log.warning("skipping a malformed line in %s", path)
-  return out
+            continue
+          key = (row.get("phase"), row["step"]) if isinstance(row, dict) and "step" in row else i
+          rows.pop(key, None)  # re-insert: dict order becomes the order of last writes
+          rows[key] = row
+  return list(rows.values())

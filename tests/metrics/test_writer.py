@@ -1,0 +1,26 @@
+"""metrics.jsonl round trip, including the duplicate rows a resumed run leaves behind."""
+
+import json
+
+from legorl_jax.metrics.writer import MetricsWriter, read_metrics
+
+
+def test_round_trip_keeps_every_step(tmp_path):
+  w = MetricsWriter(str(tmp_path))
+  for step in range(3):
+    w.write(step, {"loss": float(step)}, phase="train")
+  w.write(0, {"solve_rate": 0.5}, phase="eval")
+  w.close()
+  rows = read_metrics(str(tmp_path))
+  assert [(r["phase"], r["step"]) for r in rows] == [("train", 0), ("train", 1), ("train", 2), ("eval", 0)]
+  assert [r.get("loss") for r in rows[:3]] == [0.0, 1.0, 2.0]
+
+
+def test_a_redone_step_keeps_its_last_row_and_bad_lines_are_skipped(tmp_path):
+  lines = [{"step": 1, "phase": "train", "loss": 1.0}, {"step": 2, "phase": "train", "loss": 2.0},
+           {"step": 2, "phase": "train", "loss": 2.5}, {"step": 3, "phase": "train", "loss": 3.0}]
+  with open(tmp_path / "metrics.jsonl", "w") as f:
+    f.write(json.dumps(lines[0]) + "\n" + json.dumps(lines[1]) + "\n{not json\n")
+    f.write("\n".join(json.dumps(l) for l in lines[2:]) + "\n")
+  rows = read_metrics(str(tmp_path))
+  assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 2.5), (3, 3.0)]
