@@ -46,21 +46,6 @@ class TrialJob:
   seed: int | None = None
 
 
-class _SeededProxy:
-  """The proxy as ``run_trial`` sees it, except that the session it creates is seeded."""
-
-  def __init__(self, proxy, seed: int):
-    self._proxy, self._seed = proxy, seed
-
-  def __getattr__(self, name):
-    return getattr(self._proxy, name)
-
-  def create_session(self, *args, **kwargs):
-    handle = self._proxy.create_session(*args, **kwargs)
-    self._proxy.service.set_session_seed(handle.session_id, self._seed)
-    return handle
-
-
 def summarize(results: Sequence[TrialResult]) -> dict[str, Any]:
   """``solve_rate`` over all counted trials (infrastructure failures count as unsolved here;
   ``solve_rate_valid`` excludes them), ``n_trials``, counts by status and by harness."""
@@ -113,10 +98,10 @@ def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: st
       log.error("could not append trial %s to %s: %s", res.trial_id, trials_path, e)
 
   def attempt_once(job: TrialJob, attempt: int) -> TrialResult:
-    p = proxy if job.seed is None else _SeededProxy(proxy, derive_seed(job.seed, attempt))
     try:
-      return run_trial(job.task, job.adapter, p, config, out_dir, group=job.group,
-                       attempt=attempt)
+      return run_trial(job.task, job.adapter, proxy, config, out_dir, group=job.group,
+                       attempt=attempt,
+                       seed=None if job.seed is None else derive_seed(job.seed, attempt))
     except Exception as e:  # noqa: BLE001 -- run_trial should not raise; if it does, count it
       log.exception("trial of %s (%s) raised", job.task.id, job.adapter.name)
       return TrialResult(trial_id=f"{job.task.id.replace('/', '_')}.{uuid.uuid4().hex[:8]}",

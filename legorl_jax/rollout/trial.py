@@ -87,7 +87,8 @@ def _tail(path: str) -> str:
 
 
 def run_trial(task: Task, adapter: hbase.HarnessAdapter, proxy, config: TrialConfig,
-              out_dir: str, *, group: int = -1, attempt: int = 0) -> TrialResult:
+              out_dir: str, *, group: int = -1, attempt: int = 0,
+              seed: int | None = None) -> TrialResult:
   """Runs one trial end to end and always returns a ``TrialResult`` (never raises for a bad
   task, harness or sandbox). ``proxy`` is a started ``ProxyServer`` with a Unix socket."""
   trial_id = f"{task.id.replace('/', '_')}.{uuid.uuid4().hex[:8]}"
@@ -102,6 +103,8 @@ def run_trial(task: Task, adapter: hbase.HarnessAdapter, proxy, config: TrialCon
   sandbox = None
   try:
     handle = proxy.create_session()
+    if seed is not None:  # reproducible sampling (ProxyService.set_session_seed)
+      proxy.service.set_session_seed(handle.session_id, seed)
     sb_cfg = dataclasses.replace(
         config.sandbox, proxy_socket=proxy.uds,
         ro_mounts=tuple(config.sandbox.ro_mounts) + tuple(adapter.ro_mounts()))

@@ -110,7 +110,8 @@ def run_shared_trials(tasks: Sequence, adapters: Sequence, samples: int, proxy, 
     a = adapters[g]
     return a[s] if isinstance(a, (list, tuple)) else a
 
-  jobs = [TrialJob(tasks[g], adapter(g, s), group=g, seed=None if seed_of is None else seed_of(g, s))
+  jobs = [TrialJob(tasks[g], adapter(g, s), group=g,
+                   seed=None if seed_of is None else seed_of(g, s))
           for g in distributed.host_share(len(tasks)) for s in range(samples)]
   return run_trials(jobs, proxy, trial_cfg, out_dir, concurrency=concurrency,
                     max_retries=max_retries, on_result=on_result)

@@ -25,9 +25,9 @@ from legorl_jax.proxy.service import derive_seed
 from legorl_jax.rl import advantages as adv_lib
 from legorl_jax.rewards import status as st
 from legorl_jax.rollout import batching, filters
-from legorl_jax.rollout.runner import TrialJob, run_trials, summarize
+from legorl_jax.rollout.runner import summarize
 from legorl_jax.rollout.trial import TrialConfig, TrialResult
-from legorl_jax.sharding import distributed
+from legorl_jax.trainer import multihost
 from legorl_jax.utils import paths
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def build_batches(results: Sequence[TrialResult], cfg, current_version: int
 def append_trials(path: str, results: Sequence[TrialResult], **fields) -> None:
   """Appends the final record of each trial, tagged with ``fields`` (e.g. step, phase);
   ``path`` may be remote (``gs://``)."""
-  paths.append_lines(path, [json.dumps({**r.record(), **fields}) for r in results])
+  append_records(path, [r.record() for r in results], **fields)
 
 
 def rollout_metrics(results: Sequence[TrialResult], wall_s: float) -> dict[str, float]:
@@ -133,7 +133,7 @@ class RolloutSource:
   ``phase="rl_interrupted"`` (``interrupted_records``) before the step runs again.
 
   With several processes every host draws the same tasks and runs its share of them
-  (``distributed.host_share``); ``collect`` returns this host's results only."""
+  (``multihost.run_shared_trials``); ``collect`` returns this host's results only."""
 
   def __init__(self, loader, adapter_for: Callable, proxy, trial_cfg: TrialConfig, cfg,
                out_dir: str, progress=None, trials_path: str | None = None):
@@ -151,9 +151,6 @@ class RolloutSource:
     # Every trial's harness, chosen on every host in the same order from the step's rng.
     rng = np.random.default_rng(derive_seed("harness", seed, step))
     adapters = [[self.adapter_for(task, rng=rng) for _ in range(n)] for task in tasks]
-    jobs = [TrialJob(tasks[g], adapters[g][s], group=g,
-                     seed=trial_seed(seed, step, g, tasks[g].id, s))
-            for g in distributed.host_share(len(tasks)) for s in range(n)]
     step_dir = os.path.join(self.out_dir, f"step_{step:05d}")
     if os.path.isdir(step_dir):
       cut = interrupted_records(step_dir, tasks)
@@ -163,9 +160,10 @@ class RolloutSource:
         append_records(self.trials_path, cut, step=step, phase="rl_interrupted")
     self.next_step += 1
     t0 = time.perf_counter()
-    results = run_trials(jobs, self.proxy, self.trial_cfg, step_dir,
-                         concurrency=int(self.cfg.rollout.concurrency),
-                         max_retries=int(self.cfg.rollout.max_retries), on_result=self.progress)
+    results = multihost.run_shared_trials(
+        tasks, adapters, n, self.proxy, self.trial_cfg, step_dir,
+        concurrency=int(self.cfg.rollout.concurrency), max_retries=int(self.cfg.rollout.max_retries),
+        on_result=self.progress, seed_of=lambda g, s: trial_seed(seed, step, g, tasks[g].id, s))
     return results, time.perf_counter() - t0, position
 
 
