@@ -25,53 +25,52 @@ from legorl_jax.models.config import ModelConfig
 
 # Axis of the slot (position) dimension in K and V.
 K_SLOT_AXIS, V_SLOT_AXIS = 3, 2
-# Scratch slots appended to every window: padding tokens write their K/V into the last one, so
-# cache writes never need bounds checks. A masked ("drop") write reads the old value back, and
-# XLA then copies the whole cache at every decode step instead of updating it in place. 16
-# slots keep the slot axis a multiple of one 64-byte vector.
+# Scratch slots in front of every row: position p lives in slot ``p + SCRATCH`` and padding
+# tokens write their K/V into slot 0, so cache writes never need bounds checks (a masked "drop"
+# write reads the old value back, and XLA then copies the whole cache at every decode step) and
+# a window of the first slots is one plain slice. 16 slots keep positions 64-byte aligned.
 SCRATCH = 16
 
 
 @flax.struct.dataclass
 class Cache:
-  """Per-layer key/value slots: ``k[i]`` is ``[B, Hkv, Dh, S]``, ``v[i]`` is ``[B, Hkv, S, Dh]``."""
+  """Per-layer key/value slots: ``k[i]`` is ``[B, Hkv, Dh, SCRATCH + S]``, ``v[i]`` is
+  ``[B, Hkv, SCRATCH + S, Dh]``; position ``p`` is stored in slot ``SCRATCH + p``."""
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
 
   @property
   def max_len(self) -> int:
-    return self.v[0].shape[V_SLOT_AXIS]
+    """Positions the cache holds (slots minus scratch)."""
+    return self.v[0].shape[V_SLOT_AXIS] - SCRATCH
 
   @classmethod
   def zeros(cls, config: ModelConfig, batch: int, max_len: int, dtype=None) -> "Cache":
     dtype = dtype or config.compute_dtype
-    kshape = (batch, config.num_kv_heads, config.head_dim, max_len)
-    vshape = (batch, config.num_kv_heads, max_len, config.head_dim)
+    slots = SCRATCH + max_len
+    kshape = (batch, config.num_kv_heads, config.head_dim, slots)
+    vshape = (batch, config.num_kv_heads, slots, config.head_dim)
     return cls(k=tuple(jnp.zeros(kshape, dtype) for _ in range(config.num_layers)),
                v=tuple(jnp.zeros(vshape, dtype) for _ in range(config.num_layers)))
 
   def window(self, rows, length: int) -> "Cache":
-    """The first ``length`` slots of some rows (a copy), plus ``SCRATCH`` zero slots.
+    """Positions ``[0, length)`` of some rows, with the scratch slots (a copy, unless it is the
+    whole cache).
 
     rows: an int ``R`` (rows ``[0, R)``) or int32 ``[P]`` row indices (``>= B`` reads zeros).
     """
     def take(x, axis):
-      x = jax.lax.slice_in_dim(x, 0, length, axis=axis)
+      x = jax.lax.slice_in_dim(x, 0, SCRATCH + length, axis=axis)
       if isinstance(rows, int):
-        x = x[:rows]
-      else:
-        x = jnp.take(x, rows, axis=0, mode="fill", fill_value=0)
-      pad = [(0, 0)] * x.ndim
-      pad[axis] = (0, SCRATCH)
-      return jnp.pad(x, pad)
+        return x[:rows]
+      return jnp.take(x, rows, axis=0, mode="fill", fill_value=0)
     return Cache(k=tuple(take(x, K_SLOT_AXIS) for x in self.k),
                  v=tuple(take(x, V_SLOT_AXIS) for x in self.v))
 
   def put_window(self, rows, sub: "Cache") -> "Cache":
-    """Writes back a ``window(rows, length)`` (not its scratch); rows ``>= B`` are dropped."""
+    """Writes back a ``window(rows, length)``; rows ``>= B`` are dropped."""
     def put(full, w, axis):
-      w = jax.lax.slice_in_dim(w, 0, w.shape[axis] - SCRATCH, axis=axis)
       if isinstance(rows, int):
         return jax.lax.dynamic_update_slice(full, w, (0, 0, 0, 0))
       index = (rows,) + (slice(None),) * (axis - 1) + (slice(0, w.shape[axis]),)
@@ -84,12 +83,19 @@ def attend(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
   """Grouped-query attention of tokens whose K/V are already in the cache.
 
   q: [B, T, H, Dh]; kt: [B, Hkv, Dh, S]; v: [B, Hkv, S, Dh]; mask: [B, T, S] bool
-  -> [B, T, H, Dh]. Scores and softmax in float32.
+  -> [B, T, H, Dh]. Scores and softmax in float32. With B == 1, kt and v may come without
+  their batch axis ([Hkv, Dh, S], [Hkv, S, Dh]) when T == 1 too.
   """
   b, t, h, dh = q.shape
-  hkv = kt.shape[1]
+  hkv = kt.shape[-3]
   g = h // hkv
   neg = jnp.finfo(jnp.float32).min
+  if kt.ndim == 3:  # one row and one token, batch axis squeezed out of the cache (``forward``)
+    q1 = q.reshape(hkv, g, dh)
+    scores = jnp.einsum("kgd,kds->kgs", q1, kt, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[0], scores / math.sqrt(dh), neg)  # [1, S] mask
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("kgs,ksd->kgd", probs, v).reshape(1, 1, h, dh)
   if t == 1:  # decode: keep the query-group axis next to Dh so both products are plain GEMMs
     q1 = q.reshape(b, hkv, g, dh)
     scores = jnp.einsum("bkgd,bkds->bkgs", q1, kt, preferred_element_type=jnp.float32)
@@ -104,14 +110,25 @@ def attend(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
 
 
 def _write(x: jax.Array, new: jax.Array, slot: jax.Array, axis: int) -> jax.Array:
-  """Stores ``new [B, T, Hkv, Dh]`` at ``slot [B, T]`` (in bounds) along ``axis`` of ``x``."""
+  """Stores ``new [B, T, Hkv, Dh]`` at ``slot [B, T]`` (in bounds) along ``axis`` of ``x``.
+
+  ``x`` is ``[B, ...]`` with the slot axis ``axis``, or for one row ``[...]`` without the batch
+  axis (slot axis ``axis - 1``).
+  """
+  new = new.astype(x.dtype)
+  if x.ndim == 3:
+    # One row, one token: a plain dynamic-update-slice of the squeezed cache (in place).
+    upd = new[0, 0][:, :, None] if axis == K_SLOT_AXIS else new[0, 0][:, None, :]
+    start = [0, 0, 0]
+    start[axis - 1] = slot[0, 0]
+    return jax.lax.dynamic_update_slice(x, upd, start)
   rows = jnp.arange(slot.shape[0])[:, None]
   # Advanced indices [B, T] around slices: the update is laid out [B, T, Hkv, Dh], as new is.
   if axis == K_SLOT_AXIS:
     index = (rows, slice(None), slice(None), slot)
   else:
     index = (rows, slice(None), slot)
-  return x.at[index].set(new.astype(x.dtype), mode="promise_in_bounds")
+  return x.at[index].set(new, mode="promise_in_bounds")
 
 
 def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache):
@@ -120,14 +137,19 @@ def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache):
   Args:
     model: a Decoder (merged inside the trace).
     input_ids: int32 [B, T]; positions: int32 [B, T] absolute positions, negative = padding.
-    cache: a ``Cache.window``: S slots per row, the last one scratch (every position < S - 1).
+    cache: a ``Cache.window`` (or a whole cache); every position < its ``max_len``. For one
+      row and one token (B == T == 1) its arrays may come without the batch axis: the decode loop carries them so,
+      because XLA otherwise fuses each cache write into two consumers of different shapes (the
+      loop carry and the attention's reshaped operand) and copies every layer's cache at every
+      step.
   Returns:
     (hidden [B, T, D] final-normed, updated cache).
   """
-  s = cache.max_len
-  slots = jnp.arange(s, dtype=jnp.int32)
-  mask = (slots[None, None, :] <= positions[:, :, None]) & (positions[:, :, None] >= 0)
-  slot = jnp.where(positions >= 0, positions, s - 1)  # padding writes into scratch
+  s = cache.v[0].shape[-2]
+  slots = jnp.arange(s, dtype=jnp.int32) - SCRATCH  # the position each slot holds
+  mask = ((slots[None, None, :] >= 0) & (slots[None, None, :] <= positions[:, :, None])
+          & (positions[:, :, None] >= 0))
+  slot = jnp.where(positions >= 0, positions + SCRATCH, 0)  # padding writes into scratch
   x = model.embed_tokens(input_ids)
   ks, vs = [], []
   for i, block in enumerate(model.layers):

@@ -85,15 +85,11 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
   """
   model = nnx.merge(graphdef, state)
   sub = cache.window(num_rows, attn_len)
-  # One row runs as two (the second a zero, inactive row): with a batch of one XLA fuses each
-  # cache write into two consumers of different shapes and then copies every layer's cache at
-  # every step, which costs far more than the extra row.
-  pad = 1 if num_rows == 1 else 0
-  if pad:
-    sub = Cache(k=tuple(map(_pad_rows, sub.k)), v=tuple(map(_pad_rows, sub.v)))
-    rows = jax.tree.map(_pad_rows, rows)._replace(
-        positions=jnp.concatenate([rows.positions, jnp.full((1,), -1, jnp.int32)]))
-  n, k = num_rows + pad, num_steps
+  # One row carries its cache without the batch axis (see ``cache.forward``).
+  squeeze = num_rows == 1
+  if squeeze:
+    sub = jax.tree.map(lambda x: x[0], sub)
+  n, k = num_rows, num_steps
 
   def step(i, carry):
     sub, r, out_ids, out_logp = carry
@@ -115,17 +111,10 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
 
   init = (sub, rows, jnp.full((k, n), -1, jnp.int32), jnp.zeros((k, n), jnp.float32))
   sub, rows, out_ids, out_logp = jax.lax.fori_loop(0, k, step, init)
-  if pad:
-    sub = Cache(k=tuple(x[:num_rows] for x in sub.k), v=tuple(x[:num_rows] for x in sub.v))
-    rows = jax.tree.map(lambda x: x[:num_rows], rows)
-    out_ids, out_logp = out_ids[:, :num_rows], out_logp[:, :num_rows]
+  if squeeze:
+    sub = jax.tree.map(lambda x: x[None], sub)
   cache = cache.put_window(num_rows, sub)
   return cache, rows, out_ids, out_logp
-
-
-def _pad_rows(x: jax.Array) -> jax.Array:
-  """Appends one zero row (leading axis)."""
-  return jnp.pad(x, [(0, 1)] + [(0, 0)] * (x.ndim - 1))
 
 
 # Process-wide: a trace means one new compiled shape (the Python body runs only when tracing).

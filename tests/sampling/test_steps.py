@@ -1,5 +1,5 @@
-"""Device steps: a decode chunk against a naive NumPy decoder, the one-row path, and that the
-compiled decode loop updates the cache in place (no per-step copy of any layer's cache)."""
+"""Device steps: a decode chunk against a full forward, the one-row path, and that the compiled
+decode loop updates the cache in place (no per-step copy of any layer's cache)."""
 
 import re
 
@@ -9,7 +9,7 @@ from flax import nnx
 
 from legorl_jax.models import create_model
 from legorl_jax.sampling import steps
-from legorl_jax.sampling.cache import Cache
+from legorl_jax.sampling.cache import SCRATCH, Cache
 from tests.sampling import reference
 
 MAX_LEN, ROWS, STEPS = 64, 4, 6
@@ -83,9 +83,9 @@ def test_decode_loop_updates_cache_in_place(model, num_rows):
   hlo = steps.DECODE.lower(graphdef, state, cache, rows, num_rows=num_rows, attn_len=32,
                            num_steps=STEPS).compile().as_text()
   c = model.config
-  n = max(num_rows, 2)  # one row runs padded to two
-  shapes = {f"f32[{n},{c.num_kv_heads},{c.head_dim},{32 + 16}]",
-            f"f32[{n},{c.num_kv_heads},{32 + 16},{c.head_dim}]"}
+  n, h, d, s = num_rows, c.num_kv_heads, c.head_dim, 32 + SCRATCH
+  shapes = {f"f32[{n},{h},{d},{s}]", f"f32[{n},{h},{s},{d}]",
+            f"f32[{h},{d},{s}]", f"f32[{h},{s},{d}]"}  # one row carries them squeezed
   copies = [line for line in hlo.splitlines()
             if re.search(r"= (\S+)\{[0-9,]*\} copy\(", line)
             and re.search(r"= (\S+)\{", line).group(1) in shapes]
