@@ -2,8 +2,10 @@
 
 Each turn resends the whole history plus ~``--turn_tokens`` new tokens (as agent harnesses do)
 and samples ``--new_tokens``. With reuse the engine prefills only the new tokens; without it,
-the whole history every turn. Both engines share the compiled shapes, an untimed session runs
-first to compile them, and the two sessions alternate turn by turn. Prints one JSON line.
+the whole history every turn. Both engines share the compiled shapes and hold one cache row
+(one session); an untimed session runs first to compile every shape the timed one uses (the
+JSON line reports compilations during timing, which must be 0), and the two sessions alternate
+turn by turn. Prints one JSON line.
 
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.prefix_reuse
 """
@@ -21,7 +23,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from legorl_jax.models import create_model  # noqa: E402
-from legorl_jax.sampling import Engine, SamplingParams  # noqa: E402
+from legorl_jax.sampling import Engine, SamplingParams, steps  # noqa: E402
 
 
 def sessions(engines, rng, turns: int, turn_tokens: int, new_tokens: int, vocab: int):
@@ -56,8 +58,8 @@ def main():
   vocab = model.config.vocab_size
   need = args.turns * (args.turn_tokens + args.new_tokens)
   max_len = min(1 << need.bit_length(), model.config.max_position_embeddings)
-  kw = dict(max_batch=4, max_len=max_len, prefill_buckets=(256, 1024), prefill_rows=(1,),
-            decode_rows=(1, 4), decode_chunk=16)
+  kw = dict(max_batch=1, max_len=max_len, prefill_buckets=(256, 1024), prefill_rows=(1,),
+            decode_chunk=16)
   result = dict(benchmark="prefix_reuse", preset=args.preset, turns=args.turns,
                 turn_tokens=args.turn_tokens, new_tokens=args.new_tokens,
                 backend=jax.default_backend())
@@ -65,8 +67,10 @@ def main():
       Engine(model, prefix_reuse=False, **kw) as plain:
     rng = np.random.default_rng(0)
     sessions([reuse, plain], rng, args.turns, args.turn_tokens, args.new_tokens, vocab)  # compile
+    compiled = sum(steps.COMPILATIONS.values())
     timed, total = sessions([reuse, plain], rng, args.turns, args.turn_tokens, args.new_tokens,
                             vocab)
+  result["compilations_during_timing"] = sum(steps.COMPILATIONS.values()) - compiled
   for tag, (secs, prefilled) in zip(("reuse", "no_reuse"), timed):
     result[f"{tag}_s"] = round(secs, 3)
     result[f"{tag}_prefill_tokens"] = prefilled

@@ -58,13 +58,16 @@ class Cache:
     """Positions ``[0, length)`` of some rows, with the scratch slots (a copy, unless it is the
     whole cache).
 
-    rows: an int ``R`` (rows ``[0, R)``) or int32 ``[P]`` row indices (``>= B`` reads zeros).
+    rows: an int ``R`` (rows ``[0, R)``) or int32 ``[P]`` row indices (``>= B``: padding rows,
+      whose window content is arbitrary).
     """
     def take(x, axis):
       x = jax.lax.slice_in_dim(x, 0, SCRATCH + length, axis=axis)
       if isinstance(rows, int):
         return x[:rows]
-      return jnp.take(x, rows, axis=0, mode="fill", fill_value=0)
+      # Rows >= B (padding) read a clipped row: their writes are dropped by put_window, and a
+      # "fill" gather costs a select over the whole window.
+      return jnp.take(x, rows, axis=0, mode="clip")
     return Cache(k=tuple(take(x, K_SLOT_AXIS) for x in self.k),
                  v=tuple(take(x, V_SLOT_AXIS) for x in self.v))
 
@@ -79,34 +82,50 @@ class Cache:
                  v=tuple(put(f, w, V_SLOT_AXIS) for f, w in zip(self.v, sub.v)))
 
 
+def _softmax_parts(scores: jax.Array, mask: jax.Array):
+  """Unnormalised softmax over the last axis: (exp(scores - max) masked, sum). float32."""
+  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  e = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+  return e, jnp.sum(e, axis=-1, keepdims=True)
+
+
 def attend(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
   """Grouped-query attention of tokens whose K/V are already in the cache.
 
   q: [B, T, H, Dh]; kt: [B, Hkv, Dh, S]; v: [B, Hkv, S, Dh]; mask: [B, T, S] bool
-  -> [B, T, H, Dh]. Scores and softmax in float32. With B == 1, kt and v may come without
-  their batch axis ([Hkv, Dh, S], [Hkv, S, Dh]) when T == 1 too.
+  -> [B, T, H, Dh]. Scores and softmax in float32. With B == T == 1, kt and v may come without
+  their batch axis ([Hkv, Dh, S], [Hkv, S, Dh]).
+
+  The 1/sqrt(Dh) scale goes on q and the softmax normalisation on the output, not on the
+  [.., T, S] scores: both are elementwise passes over the largest array of a prefill.
   """
   b, t, h, dh = q.shape
   hkv = kt.shape[-3]
   g = h // hkv
-  neg = jnp.finfo(jnp.float32).min
+  q = q * jnp.asarray(1.0 / math.sqrt(dh), q.dtype)
   if kt.ndim == 3:  # one row and one token, batch axis squeezed out of the cache (``forward``)
-    q1 = q.reshape(hkv, g, dh)
-    scores = jnp.einsum("kgd,kds->kgs", q1, kt, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[0], scores / math.sqrt(dh), neg)  # [1, S] mask
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("kgs,ksd->kgd", probs, v).reshape(1, 1, h, dh)
+    scores = jnp.einsum("kgd,kds->kgs", q.reshape(hkv, g, dh), kt,
+                        preferred_element_type=jnp.float32)
+    e, total = _softmax_parts(scores, mask[0])  # [1, S] mask
+    out = jnp.einsum("kgs,ksd->kgd", e.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return (out / total).astype(q.dtype).reshape(1, 1, h, dh)
   if t == 1:  # decode: keep the query-group axis next to Dh so both products are plain GEMMs
-    q1 = q.reshape(b, hkv, g, dh)
-    scores = jnp.einsum("bkgd,bkds->bkgs", q1, kt, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, :, None], scores / math.sqrt(dh), neg)  # [B, 1, 1, S] mask
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgs,bksd->bkgd", probs, v).reshape(b, 1, h, dh)
-  q = q.reshape(b, t, hkv, g, dh)
-  scores = jnp.einsum("btkgd,bkds->bkgts", q, kt, preferred_element_type=jnp.float32)
-  scores = jnp.where(mask[:, None, None], scores / math.sqrt(dh), neg)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  return jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, h, dh)
+    scores = jnp.einsum("bkgd,bkds->bkgs", q.reshape(b, hkv, g, dh), kt,
+                        preferred_element_type=jnp.float32)
+    e, total = _softmax_parts(scores, mask[:, :, None])  # [B, 1, 1, S] mask
+    out = jnp.einsum("bkgs,bksd->bkgd", e.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return (out / total).astype(q.dtype).reshape(b, 1, h, dh)
+  # Prefill: queries head-major [B, Hkv, G*T, Dh] (a small transpose) so that both products are
+  # plain batched GEMMs with S minor; left to itself XLA computes K^T q and then transposes the
+  # [.., T, S] scores in the softmax pass.
+  qh = q.reshape(b, t, hkv, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, dh)
+  scores = jnp.einsum("bkmd,bkds->bkms", qh, kt, preferred_element_type=jnp.float32)
+  scores = scores.reshape(b, hkv, g, t, -1)
+  e, total = _softmax_parts(scores, mask[:, None, None])
+  e = e.reshape(b, hkv, g * t, -1).astype(v.dtype)
+  out = jnp.einsum("bkms,bksd->bkmd", e, v, preferred_element_type=jnp.float32)
+  out = (out.reshape(b, hkv, g, t, dh) / total).astype(q.dtype)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
 
 
 def _write(x: jax.Array, new: jax.Array, slot: jax.Array, axis: int) -> jax.Array:
