@@ -140,6 +140,7 @@ class Engine:
     self._cache_dtype = cache_dtype
     self._cache = self._new_cache()
     self._prefill, self._decode = steps.PREFILL, steps.DECODE
+    self._swap_rows = steps.SWAP_ROWS
 
     r = max_batch  # host copy of the per-row decode state
     self._rows = steps.DecodeRows(
@@ -207,10 +208,13 @@ class Engine:
 
   def stats(self) -> dict:
     """Counters: requests, failed, prefill_tokens, reused_tokens, decoded_tokens, prefill_calls,
-    decode_calls, evictions, params_version, and compilations {prefill, decode}: traces of the
-    shared jitted steps so far, process-wide (engines of one model shape share executables)."""
+    decode_calls, decode_row_steps (rows x steps the decode calls ran, live or not), row_moves
+    (rows compacted towards the front), evictions, params_version, and compilations {prefill,
+    decode, swap_rows}: traces of the shared jitted steps so far, process-wide (engines of one
+    model shape share executables)."""
     out = {k: self._stats[k] for k in ("requests", "failed", "prefill_tokens", "reused_tokens",
-                                       "decoded_tokens", "prefill_calls", "decode_calls")}
+                                       "decoded_tokens", "prefill_calls", "decode_calls",
+                                       "decode_row_steps", "row_moves")}
     out["evictions"] = self._slots.evictions
     out["compilations"] = dict(steps.COMPILATIONS)
     out["params_version"] = self._version
@@ -232,6 +236,8 @@ class Engine:
         rows = rows._replace(positions=np.full(r, -1, np.int32))
         self._cache, *_ = self._decode(self._graphdef, self._state, self._cache, rows, num_rows=r,
                                        attn_len=a, num_steps=self.decode_chunk)
+    if len(self.decode_rows) > 1:  # row compaction can happen
+      self._cache = self._swap_rows(self._cache, np.int32(0), np.int32(0))
     jax.block_until_ready(self._cache)
 
   # -- requests ---------------------------------------------------------------------------------
@@ -391,6 +397,7 @@ class Engine:
         break
       self._run_prefill()
     if any(r.next_prefill >= r.prefill_end for r in self._live.values()):
+      self._compact()
       self._run_decode()
 
   def _admit(self, req: _Request):
@@ -445,6 +452,29 @@ class Engine:
       if req.next_prefill >= req.prefill_end:
         self._ready(req)
 
+  def _compact(self):
+    """Moves live rows down into idle ones when that shrinks the decode bucket.
+
+    Decode runs on rows ``[0, b)``: a few long requests left in high rows (the tail of a batch)
+    would otherwise keep decoding at full width. The idle row's cached prefix (a session's) is
+    swapped up, not dropped. A swap copies two rows, so it is done only when the bucket shrinks.
+    """
+    live = sorted(self._live)
+    want = _bucket(self.decode_rows, len(live))
+    if _bucket(self.decode_rows, live[-1] + 1) <= want:
+      return
+    holes = [i for i in range(want) if i not in self._live]
+    movers = [j for j in reversed(live) if j >= want]
+    for dst, src in zip(holes, movers):
+      self._cache = self._swap_rows(self._cache, np.int32(src), np.int32(dst))
+      for x in self._rows:
+        x[[src, dst]] = x[[dst, src]]
+      self._slots.swap(src, dst)
+      req = self._live.pop(src)
+      req.slot = dst
+      self._live[dst] = req
+      self._stats["row_moves"] += 1
+
   def _run_decode(self):
     ready = [r for r in self._live.values() if r.next_prefill >= r.prefill_end]
     k = self.decode_chunk
@@ -456,6 +486,7 @@ class Engine:
         num_steps=k)
     new_rows, out_ids, out_logp = jax.device_get((new_rows, out_ids, out_logp))
     self._stats["decode_calls"] += 1
+    self._stats["decode_row_steps"] += num_rows * k
     for name in ("tokens", "positions", "remaining"):
       getattr(self._rows, name)[:num_rows] = getattr(new_rows, name)
     for req in ready:

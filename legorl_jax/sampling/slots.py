@@ -92,6 +92,17 @@ class SlotTable:
       slot.session = session
       self.sessions[session] = index
 
+  def swap(self, i: int, j: int):
+    """Exchanges what rows ``i`` and ``j`` hold (the engine moved their K/V the same way)."""
+    a, b = self.slots[i], self.slots[j]
+    for field in ("cached", "busy", "session", "last_used"):
+      x, y = getattr(a, field), getattr(b, field)
+      setattr(a, field, y)
+      setattr(b, field, x)
+    for slot in (a, b):
+      if slot.session is not None:
+        self.sessions[slot.session] = slot.index
+
   def invalidate(self):
     """Forgets every cached prefix (new parameters make old K/V stale); keeps session rows."""
     for s in self.slots:

@@ -117,6 +117,16 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
   return cache, rows, out_ids, out_logp
 
 
+def swap_rows(cache: Cache, i: jax.Array, j: jax.Array) -> Cache:
+  """Exchanges cache rows ``i`` and ``j`` (int32 scalars), every layer, K and V."""
+  def swap(x):
+    xi = jax.lax.dynamic_index_in_dim(x, i, keepdims=True)
+    xj = jax.lax.dynamic_index_in_dim(x, j, keepdims=True)
+    x = jax.lax.dynamic_update_index_in_dim(x, xj, i, 0)
+    return jax.lax.dynamic_update_index_in_dim(x, xi, j, 0)
+  return jax.tree.map(swap, cache)
+
+
 # Process-wide: a trace means one new compiled shape (the Python body runs only when tracing).
 COMPILATIONS: collections.Counter = collections.Counter()
 
@@ -132,5 +142,6 @@ def _counted(name, fn):
 # graphdef (arg 0) is static; the cache (arg 2) is donated and updated in place.
 PREFILL = jax.jit(_counted("prefill", prefill), static_argnums=(0,),
                   static_argnames=("attn_len",), donate_argnums=(2,))
+SWAP_ROWS = jax.jit(_counted("swap_rows", swap_rows), donate_argnums=(0,))
 DECODE = jax.jit(_counted("decode", decode_steps), static_argnums=(0,),
                  static_argnames=("num_rows", "attn_len", "num_steps"), donate_argnums=(2,))

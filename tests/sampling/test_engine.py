@@ -254,3 +254,31 @@ def test_sharded_model_matches_single_device(model):
   for g, a, w in zip(got, again, want):
     assert g.token_ids == a.token_ids == w.token_ids
     np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+
+
+def test_stragglers_in_high_rows_are_compacted_and_sample_the_same(model):
+  """A long request left alone in the last row moves to row 0 (its idle neighbour's cached
+  prefix swapped up, not lost): later chunks decode one row instead of four, and the tokens and
+  logprobs equal a run of the same request alone in row 0."""
+  kw = dict(ENGINE_KW, decode_rows=(1, 4))
+  long_params = SamplingParams(temperature=1.0, max_tokens=60, seed=11)
+  with Engine(model, seed=1, **kw) as eng:
+    short = [eng.submit(_prompt(6, seed=70 + i), SamplingParams(max_tokens=2, seed=i),
+                        session_id=f"short{i}") for i in range(3)]
+    long = eng.submit(_prompt(9, seed=80), long_params, session_id="long")
+    for f in short:
+      f.result(timeout=300)
+    got = long.result(timeout=300)
+    stats = eng.stats()
+    # The short sessions kept their prefixes: resending one reuses it wherever it now lives.
+    again = eng.generate(_prompt(6, seed=70) + short[0].result().token_ids + [5],
+                         SamplingParams(max_tokens=1), session_id="short0")
+  assert stats["row_moves"] >= 1
+  # (the last sampled token was never fed, so its K/V is not cached)
+  assert again.reused_prefix_len == 6 + len(short[0].result().token_ids) - 1
+  # Without compaction the three 8-step chunks after the short ones finish would run 4 rows.
+  assert stats["decode_row_steps"] < 4 * stats["decode_calls"] * kw["decode_chunk"]
+  with Engine(model, seed=1, **kw) as solo:
+    want = solo.generate(_prompt(9, seed=80), long_params)
+  assert got.token_ids == want.token_ids
+  np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
