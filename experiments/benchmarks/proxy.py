@@ -16,6 +16,12 @@ Two scenarios:
 
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.proxy
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.proxy --scenario agent --turns 40
+
+``--floor`` (chat scenario) also runs the same clients against a bare aiohttp server on the same
+engine: it reads the JSON body and samples for a prompt that grows like the proxy's (new tokens
+per new message, session prefix reuse) but renders, tokenizes and records nothing and answers a
+fixed JSON. Its overhead is what HTTP, the client process and CPU contention alone cost, the
+floor under the proxy's figure on the same machine.
 """
 
 from __future__ import annotations
@@ -107,6 +113,88 @@ def _client_main(conn):
 
 
 # -- server process ---------------------------------------------------------------------------
+class _FloorServer:
+  """Bare aiohttp server on the engine (see the module docstring): the proxy's lower bound."""
+
+  def __init__(self, engine):
+    self.engine = engine
+    self.engine_times: dict[str, list[float]] = {}
+    self._state: dict[str, tuple[list[int], int]] = {}  # session -> (tokens so far, messages)
+    self.url = None
+    self._loop = self._thread = None
+
+  async def _handle(self, request):
+    from aiohttp import web
+    from legorl_jax.sampling import SamplingParams
+    body = json.loads(await request.read())
+    sid = request.match_info["sid"]
+    tokens, seen = self._state.get(sid, ([], 0))
+    new = body["messages"][seen:]
+    chars = sum(len(m.get("content") or "") for m in new)
+    prompt = tokens + [(7 * i) % 1000 + 1 for i in range(chars // 4 + 5 * len(new) + 3)]
+    done = await self.engine.agenerate(
+        prompt, SamplingParams(temperature=0.0, max_tokens=body["max_tokens"]), session_id=sid)
+    self._state[sid] = (prompt + done.token_ids, len(body["messages"]) + 1)
+    self.engine_times.setdefault(sid, []).append(done.timings["total"])
+    return web.json_response({
+        "id": "chatcmpl-floor", "object": "chat.completion", "created": 0, "model": "floor",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "ok"}}],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(done.token_ids),
+                  "total_tokens": len(prompt) + len(done.token_ids)}})
+
+  def start(self):
+    import threading
+    from aiohttp import web
+    app = web.Application()
+    app.router.add_post("/sess/{sid}/v1/chat/completions", self._handle)
+    ready = threading.Event()
+
+    def run():
+      self._loop = loop = asyncio.new_event_loop()
+      runner = web.AppRunner(app, access_log=None, handle_signals=False)
+      loop.run_until_complete(runner.setup())
+      site = web.TCPSite(runner, "127.0.0.1", 0)
+      loop.run_until_complete(site.start())
+      self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # noqa: SLF001
+      ready.set()
+      loop.run_forever()
+      loop.run_until_complete(runner.cleanup())
+
+    self._thread = threading.Thread(target=run, daemon=True)
+    self._thread.start()
+    ready.wait(30)
+    return self
+
+  def stop(self):
+    self._loop.call_soon_threadsafe(self._loop.stop)
+    self._thread.join(30)
+
+
+def _floor_level(floor, conn, concurrency, args, repeats=1):
+  e2e, eng = [], []
+  for _ in range(repeats):
+    sids = [f"floor-{concurrency}-{i}-{time.monotonic_ns()}" for i in range(concurrency)]
+    conn.send(([(f"{floor.url}/sess/{sid}", "-") for sid in sids], args))
+    out = conn.recv()
+    if isinstance(out, Exception):
+      raise out
+    for sid, times in zip(sids, out):
+      assert len(times) == len(floor.engine_times[sid])
+      e2e += times
+      eng += floor.engine_times[sid]
+  return _stats(e2e, eng)
+
+
+def _stats(e2e, eng):
+  e2e, eng = np.array(e2e) * 1e3, np.array(eng) * 1e3
+  over = e2e - eng
+  return {"requests": len(over), "overhead_p50_ms": round(float(np.percentile(over, 50)), 3),
+          "overhead_p99_ms": round(float(np.percentile(over, 99)), 3),
+          "engine_p50_ms": round(float(np.percentile(eng, 50)), 3),
+          "e2e_p50_ms": round(float(np.percentile(e2e, 50)), 3)}
+
+
 def _level(server, conn, concurrency, args, repeats=1):
   """Pooled over ``repeats`` rounds (so the 1-session percentiles rest on enough requests)."""
   e2e, eng = [], []
@@ -114,12 +202,7 @@ def _level(server, conn, concurrency, args, repeats=1):
     a, b = _round(server, conn, concurrency, args)
     e2e += a
     eng += b
-  e2e, eng = np.array(e2e) * 1e3, np.array(eng) * 1e3
-  over = e2e - eng
-  return {"requests": len(over), "overhead_p50_ms": round(float(np.percentile(over, 50)), 3),
-          "overhead_p99_ms": round(float(np.percentile(over, 99)), 3),
-          "engine_p50_ms": round(float(np.percentile(eng, 50)), 3),
-          "e2e_p50_ms": round(float(np.percentile(e2e, 50)), 3)}
+  return _stats(e2e, eng)
 
 
 def _round(server, conn, concurrency, args):
@@ -166,7 +249,11 @@ def main():
                   help="1-session conversations run one after another (pooled)")
   ap.add_argument("--max_tokens", type=int, default=4)
   ap.add_argument("--max_len", type=int, default=512)
+  ap.add_argument("--floor", action="store_true",
+                  help="also measure a bare HTTP server on the same engine (chat scenario)")
   args = ap.parse_args()
+  if args.floor and args.scenario != "chat":
+    ap.error("--floor needs --scenario chat (it samples from the engine)")
   from legorl_jax.models.tokenizer import load_tokenizer
   from legorl_jax.proxy import ProxyConfig, ProxyServer
 
@@ -187,6 +274,15 @@ def main():
     for c in levels:
       result[f"sessions_{c}"] = _level(server, conn, c, job,
                                        args.single_repeats if c == 1 else 1)
+    if args.floor:
+      floor = _FloorServer(engine).start()
+      try:
+        _floor_level(floor, conn, 1, dict(job, turns=2))
+        for c in levels:
+          result[f"floor_{c}"] = _floor_level(floor, conn, c, job,
+                                              args.single_repeats if c == 1 else 1)
+      finally:
+        floor.stop()
   finally:
     conn.send(None)
     client.join(30)
