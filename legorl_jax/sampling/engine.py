@@ -209,12 +209,13 @@ class Engine:
   def stats(self) -> dict:
     """Counters: requests, failed, prefill_tokens, reused_tokens, decoded_tokens, prefill_calls,
     decode_calls, decode_row_steps (rows x steps the decode calls ran, live or not), row_moves
-    (rows compacted towards the front), evictions, params_version, and compilations {prefill,
+    (rows compacted towards the front), cancelled (requests whose future was cancelled, dropped
+    at the next chunk), evictions, params_version, and compilations {prefill,
     decode, swap_rows}: traces of the shared jitted steps so far, process-wide (engines of one
     model shape share executables)."""
     out = {k: self._stats[k] for k in ("requests", "failed", "prefill_tokens", "reused_tokens",
                                        "decoded_tokens", "prefill_calls", "decode_calls",
-                                       "decode_row_steps", "row_moves")}
+                                       "decode_row_steps", "row_moves", "cancelled")}
     out["evictions"] = self._slots.evictions
     out["compilations"] = dict(steps.COMPILATIONS)
     out["params_version"] = self._version
@@ -270,13 +271,20 @@ class Engine:
   def _check_request(self, prompt_ids, params: SamplingParams) -> list[int]:
     if not isinstance(params, SamplingParams):
       raise errors.ConfigError(f"params must be a SamplingParams, got {type(params).__name__}.")
-    prompt = [int(t) for t in prompt_ids]
+    # One vectorised pass: this runs on the caller's thread (the proxy's event loop), and agent
+    # prompts run to tens of thousands of ids.
+    try:
+      ids = np.asarray(prompt_ids, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as e:
+      raise errors.ConfigError(f"prompt_ids must be a sequence of integer token ids: {e}.") from e
     v = self.config.vocab_size
-    if not prompt:
-      raise errors.ConfigError("prompt_ids is empty; a request needs at least one prompt token.")
-    bad = [t for t in prompt if not 0 <= t < v]
-    if bad:
-      raise errors.ConfigError(f"prompt_ids holds ids outside [0, {v}): {bad[:5]}.")
+    if ids.ndim != 1 or ids.size == 0:
+      raise errors.ConfigError("prompt_ids must be a non-empty 1-D sequence of token ids; got "
+                               f"shape {ids.shape}.")
+    if ids.min() < 0 or ids.max() >= v:
+      bad = ids[(ids < 0) | (ids >= v)]
+      raise errors.ConfigError(f"prompt_ids holds ids outside [0, {v}): {bad[:5].tolist()}.")
+    prompt = ids.tolist()
     if len(prompt) + params.max_tokens > self.max_len:
       raise errors.ContextLengthError(
           f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} exceeds the engine's "
@@ -382,6 +390,9 @@ class Engine:
             break
           self._update[3] -= 1
         req = self._queue.popleft()
+        if req.future.cancelled():
+          self._stats["cancelled"] += 1
+          continue
         req.slot, req.reuse = self._slots.acquire(req.prompt, req.session)
         self._admit(req)
         admitted.append(req)
@@ -504,6 +515,9 @@ class Engine:
     s, p = req.slot, req.params
     finished = self._rows.positions[s] < 0
     reason, stop = None, None
+    if req.future.cancelled():  # the caller gave up (e.g. its HTTP client went away): free the row
+      self._finish(req, "cancelled", None)
+      return
     if finished:
       last = req.ids[-1]
       reason, stop = ("stop", last) if last in p.stop_token_ids else ("length", None)
@@ -525,6 +539,9 @@ class Engine:
     seq = req.prompt + req.ids
     self._slots.release(s, seq[:-1], req.session)
     now = time.perf_counter()
+    if req.future.cancelled():
+      self._stats["cancelled"] += 1
+      return
     self._stats["requests"] += 1
     req.future.set_result(Completion(
         token_ids=req.ids, logprobs=req.logps, finish_reason=reason, prompt_len=len(req.prompt),

@@ -282,3 +282,35 @@ def test_stragglers_in_high_rows_are_compacted_and_sample_the_same(model):
     want = solo.generate(_prompt(9, seed=80), long_params)
   assert got.token_ids == want.token_ids
   np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
+def test_cancelled_request_frees_its_row_and_is_not_a_failure(model):
+  """A caller that gives up cancels the engine's future (``agenerate`` does so when its task is
+  cancelled): the engine stops sampling for it at the next chunk, counts it as cancelled (not
+  failed) and serves the next request; a request cancelled while queued is never admitted."""
+  entered, go = threading.Event(), threading.Event()
+
+  def decode_fn(ids):  # runs on the engine thread after each chunk (stop-string check)
+    entered.set()
+    go.wait(300)
+    return _text(ids)
+
+  with Engine(model, seed=1, decode_fn=decode_fn, **ENGINE_KW) as eng:
+    running = eng.submit(_prompt(5, seed=90), SamplingParams(max_tokens=120, stop=("never",)))
+    assert entered.wait(300)  # the first of 15 chunks is sampled; the engine waits on us
+    assert running.cancel()
+    queued = eng.submit(_prompt(5, seed=91), SamplingParams(max_tokens=3))
+    assert queued.cancel()
+    go.set()
+    after = eng.generate(_prompt(6, seed=92), SamplingParams(max_tokens=3), timeout=300)
+    stats = eng.stats()
+  assert len(after.token_ids) == 3
+  assert stats["cancelled"] == 2 and stats["failed"] == 0
+  assert stats["decoded_tokens"] == 2 * ENGINE_KW["decode_chunk"] + 3
+
+
+def test_malformed_prompt_ids_are_refused_with_a_clear_error(engine):
+  for bad, match in (([], "non-empty"), ([[1, 2]], "1-D"), (["a"], "integer"),
+                     ([1, VOCAB], "outside")):
+    with pytest.raises(errors.ConfigError, match=match):
+      engine.submit(bad)
