@@ -7,8 +7,8 @@ on CPU/GPU XLA transposes the whole cache in every layer at every step. Here V i
 cache once, with no transpose and no horizontal reductions (about 2x faster per decode step on
 CPU than ``[B, Hkv, S, Dh]`` keys). The forward reuses the Decoder's own submodules (norms,
 projections, RoPE, MLP), so only the cache glue lives here. Semantics are those of
-``Decoder.decode``: a token writes K/V at its position (= slot) and attends to every slot <= its
-position; positions < 0 are padding that write nothing. The tests check it against the
+``Decoder.decode``: a token writes K/V at its position (slot ``SCRATCH + position``) and
+attends to every position <= its own; positions < 0 are padding, whose writes land in scratch. The tests check it against the
 teacher-forced ``Decoder.__call__``.
 """
 

@@ -4,11 +4,11 @@ Both take the model as ``(graphdef, state)`` (``nnx.split`` once on the host, ``
 inside the trace), so new parameters of the same shapes never trigger a recompile.
 
 Both work on a *window* of the full cache (``sampling.cache``): rows ``[:rows]`` (decode) or
-gathered rows (prefill), slots ``[:attn_len]`` plus scratch; and write it back. Attention cost
+gathered rows (prefill), the scratch slots and positions ``[:attn_len]``; and write it back. Attention cost
 therefore follows the longest live sequence (rounded up to a bucket), not ``max_len``; the
 decode loop updates its window in place (a test checks the compiled loop holds no cache copy).
-Callers choose ``attn_len`` > every position the call touches. ``PREFILL`` / ``DECODE`` are
-the jitted forms, shared by every engine (one executable per model shape and
+Callers choose ``attn_len`` > every position the call touches. ``PREFILL`` / ``DECODE`` /
+``SWAP_ROWS`` are the jitted forms, shared by every engine (one executable per model shape and
 bucket), with the cache donated.
 
 Cache protocol: a row's K/V is valid for positions ``0..p-1`` when its next input token sits
