@@ -106,7 +106,7 @@ def attend(q, k, v, mask):
   Queries and keys go head-major first ([B, Hkv, G*T, Dh], [B, Hkv, S, Dh]: transposes of the
   small operands), so both products are batched GEMMs that leave S minor in the scores. Left
   to pick, XLA computes ``K q^T`` and transposes the [T, S] scores inside the softmax pass,
-  forward and backward (~17% of a train step of preset ``small`` at T=256).
+  forward and backward (a forward+backward of preset ``small`` at B=4, T=256: 3.6 -> 3.0 s).
   """
   b, t, h, dh = q.shape
   hkv = k.shape[2]
