@@ -68,7 +68,8 @@ def prefill(graphdef, state, cache: Cache, slots: jax.Array, ids: jax.Array,
 
 def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: int,
                  attn_len: int, num_steps: int):
-  """Runs ``num_steps`` sampling steps for cache rows ``[0, num_rows)`` on device.
+  """Runs up to ``num_steps`` sampling steps for cache rows ``[0, num_rows)`` on device (fewer
+  when every row finishes first).
 
   A row stops (position -> -1) after sampling one of its stop ids or exhausting ``remaining``.
   Callers guarantee ``position + num_steps <= attn_len`` for active rows.
@@ -109,8 +110,18 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
     out_logp = out_logp.at[i].set(jnp.where(active, logp, 0.0))
     return sub, r, out_ids, out_logp
 
+  # Stops early once every row has finished (a stop token or its budget mid-chunk), so a
+  # request that ends on its 3rd token does not pay for the chunk's other steps.
+  def cond(carry):
+    i, (_, r, _, _) = carry
+    return (i < k) & jnp.any(r.positions >= 0)
+
+  def body(carry):
+    i, c = carry
+    return i + 1, step(i, c)
+
   init = (sub, rows, jnp.full((k, n), -1, jnp.int32), jnp.zeros((k, n), jnp.float32))
-  sub, rows, out_ids, out_logp = jax.lax.fori_loop(0, k, step, init)
+  _, (sub, rows, out_ids, out_logp) = jax.lax.while_loop(cond, body, (jnp.int32(0), init))
   if squeeze:
     sub = jax.tree.map(lambda x: x[None], sub)
   cache = cache.put_window(num_rows, sub)
