@@ -82,13 +82,6 @@ class Cache:
                  v=tuple(put(f, w, V_SLOT_AXIS) for f, w in zip(self.v, sub.v)))
 
 
-def _softmax_parts(scores: jax.Array, mask: jax.Array):
-  """Unnormalised softmax over the last axis: (exp(scores - max) masked, sum). float32."""
-  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  e = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-  return e, jnp.sum(e, axis=-1, keepdims=True)
-
-
 def attend(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
   """Grouped-query attention of tokens whose K/V are already in the cache.
 
@@ -96,32 +89,24 @@ def attend(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
   -> [B, T, H, Dh]. Scores and softmax in float32. With B == T == 1, kt and v may come without
   their batch axis ([Hkv, Dh, S], [Hkv, S, Dh]).
 
-  The 1/sqrt(Dh) scale goes on q and the softmax normalisation on the output, not on the
-  [.., T, S] scores: both are elementwise passes over the largest array of a prefill.
+  Queries go head-major, [B, Hkv, G*T, Dh] (a small transpose), so both products are plain
+  batched GEMMs with S minor; left to itself XLA computes ``K^T q`` and then transposes the
+  [.., T, S] scores in the softmax pass. The 1/sqrt(Dh) scale goes on q and the softmax
+  normalisation on the output, not on the scores: both are elementwise passes over the largest
+  array of a prefill.
   """
   b, t, h, dh = q.shape
-  hkv = kt.shape[-3]
+  if kt.ndim == 3:  # one row and one token, batch axis squeezed out of the cache (``forward``)
+    kt, v = kt[None], v[None]
+  hkv = kt.shape[1]
   g = h // hkv
   q = q * jnp.asarray(1.0 / math.sqrt(dh), q.dtype)
-  if kt.ndim == 3:  # one row and one token, batch axis squeezed out of the cache (``forward``)
-    scores = jnp.einsum("kgd,kds->kgs", q.reshape(hkv, g, dh), kt,
-                        preferred_element_type=jnp.float32)
-    e, total = _softmax_parts(scores, mask[0])  # [1, S] mask
-    out = jnp.einsum("kgs,ksd->kgd", e.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return (out / total).astype(q.dtype).reshape(1, 1, h, dh)
-  if t == 1:  # decode: keep the query-group axis next to Dh so both products are plain GEMMs
-    scores = jnp.einsum("bkgd,bkds->bkgs", q.reshape(b, hkv, g, dh), kt,
-                        preferred_element_type=jnp.float32)
-    e, total = _softmax_parts(scores, mask[:, :, None])  # [B, 1, 1, S] mask
-    out = jnp.einsum("bkgs,bksd->bkgd", e.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return (out / total).astype(q.dtype).reshape(b, 1, h, dh)
-  # Prefill: queries head-major [B, Hkv, G*T, Dh] (a small transpose) so that both products are
-  # plain batched GEMMs with S minor; left to itself XLA computes K^T q and then transposes the
-  # [.., T, S] scores in the softmax pass.
   qh = q.reshape(b, t, hkv, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, dh)
   scores = jnp.einsum("bkmd,bkds->bkms", qh, kt, preferred_element_type=jnp.float32)
-  scores = scores.reshape(b, hkv, g, t, -1)
-  e, total = _softmax_parts(scores, mask[:, None, None])
+  scores = jnp.where(mask[:, None, None], scores.reshape(b, hkv, g, t, -1),
+                     jnp.finfo(jnp.float32).min)
+  e = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+  total = jnp.sum(e, axis=-1, keepdims=True)
   e = e.reshape(b, hkv, g * t, -1).astype(v.dtype)
   out = jnp.einsum("bkms,bksd->bkmd", e, v, preferred_element_type=jnp.float32)
   out = (out.reshape(b, hkv, g, t, dh) / total).astype(q.dtype)
