@@ -48,7 +48,8 @@ def main(argv):
     demos = sft.collect_demonstrations(train_tasks[:int(cfg.sft.num_demos)], lambda t: adapter,
                                        tokenizer, trial_cfg, os.path.join(FLAGS.workdir, "sft_demos"),
                                        os.path.join(FLAGS.workdir, "sockets"),
-                                       concurrency=int(cfg.rollout.concurrency))
+                                       concurrency=int(cfg.rollout.concurrency),
+                                       minimal_edits=bool(cfg.sft.get("minimal_edits", False)))
   sft_cfg = pipeline.sft_config(cfg)
   learner = Learner(model, sft_cfg, seed=int(cfg.seed))
   writer = MetricsWriter(FLAGS.workdir)

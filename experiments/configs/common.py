@@ -95,6 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.micro_batches = 1
   c.sft.check_demos = 0          # demonstrations held out of SFT for the imitation check
   c.sft.check_every = 50
+  c.sft.minimal_edits = False    # demonstrations edit the fewest tokens that are unique in the file
   # Stop SFT once this fraction of held-out demos is reproduced (None: never). A typed
   # placeholder, so --config.sft.stop_at_greedy_exact=0.25 works from the command line.
   c.sft.stop_at_greedy_exact = ml_collections.config_dict.placeholder(float)

@@ -6,7 +6,8 @@ and their recordings are supervised demonstrations in each harness's native form
 
 Plan per request, from the conversation so far (the harness resends it every turn):
   1. apply the fix: with an exact-replace edit tool (``edit``, ``str_replace_based_edit_tool``,
-     ``Edit``...) one call per changed block; otherwise write and ``git apply`` the patch with
+     ``Edit``...) one call per changed block (whole lines, or with ``minimal_edits`` the fewest
+     whole tokens around the change that occur once in the file); otherwise write and ``git apply`` the patch with
      the shell tool; without tools, answer in the text protocol: SEARCH/REPLACE blocks when the
      system prompt asks for them (aider's ``diff`` format), else a fenced diff;
   2. optionally run the tests with the shell tool;
@@ -16,8 +17,10 @@ Plan per request, from the conversation so far (the harness resends it every tur
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import re
+import tarfile
 from typing import Any, Callable, Sequence
 
 from legorl_jax.proxy.types import RenderedRequest
@@ -67,6 +70,44 @@ def edits_from_patch(patch: str) -> list[Edit]:
       continue
     i += 1
   return edits
+
+
+_TOKEN = re.compile(r"\w+|\s+|[^\w\s]+")
+
+
+def minimal_edit(edit: Edit, text: str) -> Edit:
+  """The shortest equivalent edit: the changed tokens plus the fewest neighbouring tokens that
+  make ``old`` occur exactly once in ``text`` (the file the edit applies to).
+
+  Agents write short exact-replace edits; a demonstration that quotes whole lines makes a
+  policy learn to copy long spans, most of which it could leave alone. Tokens are words,
+  whitespace runs and punctuation runs, so the edit never splits a name or a number, and it
+  starts and ends on a non-blank token. Returns ``edit`` unchanged when its ``old`` is not
+  exactly once in ``text`` (nothing shorter could be exact then).
+  """
+  if not edit.old or text.count(edit.old) != 1:
+    return edit
+  a, b = _TOKEN.findall(edit.old), _TOKEN.findall(edit.new)
+  p = 0
+  while p < min(len(a), len(b)) and a[p] == b[p]:
+    p += 1
+  s = 0
+  while s < min(len(a), len(b)) - p and a[-1 - s] == b[-1 - s]:
+    s += 1
+  # Windows a[i:j] cover the changed old tokens a[p:len(a)-s]; the new side is b[i:j+len(b)-len(a)].
+  best = (len(edit.old), 0, len(a))
+  for i in range(p + 1):
+    for j in range(len(a) - s, len(a) + 1):
+      if j <= i or (i, j) == (0, len(a)) or a[i].isspace() or a[j - 1].isspace():
+        continue
+      old = "".join(a[i:j])
+      if len(old) < best[0] and text.count(old) == 1:
+        best = (len(old), i, j)
+  _, i, j = best
+  shrunk = Edit(edit.path, "".join(a[i:j]), "".join(b[i:j + len(b) - len(a)]))
+  if text.replace(shrunk.old, shrunk.new) != text.replace(edit.old, edit.new):  # cannot happen
+    return edit
+  return shrunk
 
 
 def search_replace_blocks(patch: str) -> str:
@@ -190,6 +231,7 @@ class ScriptedPolicy:
   run_tests: str | None = None       # shell command to run after fixing, e.g. the test runner
   finish_command: str | None = None  # e.g. mini-swe-agent's "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
   workdir_prefix: str = ""           # prepended to relative paths for tools that want absolute ones
+  minimal_edits: bool = False        # shrink edit-tool calls with ``minimal_edit`` (needs file texts)
 
   def plan(self, request: RenderedRequest) -> list[str]:
     patch = self.patch_for(request) or ""
@@ -206,7 +248,7 @@ class ScriptedPolicy:
       if not prefix and _wants_absolute(request, name, p_arg):
         workdir_of = getattr(self.patch_for, "workdir", None)  # else the sandbox default
         prefix = (workdir_of(request) if workdir_of is not None else None) or "/workspace"
-      for e in edits_from_patch(patch):
+      for e in self._edits(request, patch):
         path = (prefix.rstrip("/") + "/" + e.path) if prefix else e.path
         if read is not None and path not in seen:  # read each file before its first edit
           seen.add(path)
@@ -231,6 +273,25 @@ class ScriptedPolicy:
     else:
       steps.append("The fix is applied.")
     return steps
+
+  def _edits(self, request: RenderedRequest, patch: str) -> list[Edit]:
+    edits = edits_from_patch(patch)
+    file_text = getattr(self.patch_for, "file_text", None)
+    if not self.minimal_edits or file_text is None:
+      return edits
+    texts: dict[str, str | None] = {}
+    out = []
+    for e in edits:  # in order: each edit is shrunk against the file as the earlier ones left it
+      if e.path not in texts:
+        texts[e.path] = file_text(request, e.path)
+      text = texts[e.path]
+      if text is None:
+        out.append(e)
+        continue
+      e = minimal_edit(e, text)
+      texts[e.path] = text.replace(e.old, e.new, 1)
+      out.append(e)
+    return out
 
   def reply(self, request: RenderedRequest) -> str:
     steps = self.plan(request)
@@ -257,7 +318,8 @@ def _shell_args(request: RenderedRequest, name: str, cmd: str) -> dict[str, Any]
 def patches_by_instruction(tasks: Sequence) -> Callable[[RenderedRequest], str | None]:
   """Finds a task's gold patch by its instruction appearing in the conversation."""
   return PatchTable([(t.instruction.strip(), t.gold_patch) for t in tasks if t.gold_patch],
-                    {t.instruction.strip(): t.workdir for t in tasks})
+                    {t.instruction.strip(): t.workdir for t in tasks},
+                    {t.instruction.strip(): t.repo for t in tasks})
 
 
 @dataclasses.dataclass
@@ -266,6 +328,21 @@ class PatchTable:
 
   entries: list[tuple[str, str]]
   workdirs: dict[str, str] = dataclasses.field(default_factory=dict)
+  repos: dict[str, Any] = dataclasses.field(default_factory=dict)  # instruction -> RepoSource
+  _files: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict, repr=False)
+
+  def file_text(self, request: RenderedRequest, path: str) -> str | None:
+    """The text of ``path`` in the request's task repository before any edit, when the task
+    ships its repository as archive bytes (synthetic tasks do); else None."""
+    for m in request.messages:
+      if m.role not in ("user", "system") or not m.content:
+        continue
+      for instruction, repo in self.repos.items():
+        if instruction and instruction in m.content:
+          if instruction not in self._files:
+            self._files[instruction] = _archive_texts(repo)
+          return self._files[instruction].get(path)
+    return None
 
   def workdir(self, request: RenderedRequest) -> str | None:
     """The work dir of the request's task (for tools that want absolute paths)."""
@@ -288,3 +365,19 @@ class PatchTable:
 
   def __call__(self, request: RenderedRequest) -> str | None:
     return self.locate(request)[0]
+
+
+def _archive_texts(repo) -> dict[str, str]:
+  """{path: text} of a repository given as in-memory archive bytes ({} for other kinds)."""
+  if repo is None or getattr(repo, "kind", None) != "archive" or not getattr(repo, "data", None):
+    return {}
+  out = {}
+  with tarfile.open(fileobj=io.BytesIO(repo.data)) as tf:
+    for member in tf.getmembers():
+      if member.isfile():
+        data = tf.extractfile(member).read()
+        try:
+          out[member.name[2:] if member.name.startswith("./") else member.name] = data.decode()
+        except UnicodeDecodeError:
+          continue
+  return out

@@ -157,15 +157,18 @@ def _sft_target(learner):
 
 def _collect_demos(demo_tasks, adapter_for, tokenizer, trial_cfg, out_dir, sockets, cfg):
   """Scripted demonstrations: each host collects its share, every host gets them all."""
+  minimal = bool(cfg.sft.get("minimal_edits", False))
   if not multihost.multi_process():
     return sft_lib.collect_demonstrations(demo_tasks, adapter_for, tokenizer, trial_cfg, out_dir,
-                                          sockets, concurrency=int(cfg.rollout.concurrency))
+                                          sockets, concurrency=int(cfg.rollout.concurrency),
+                                          minimal_edits=minimal)
   chosen = [adapter_for(t) for t in demo_tasks]  # the chooser's draws, as on one host
   mine = list(distributed.host_share(len(demo_tasks)))
   by_task = {id(demo_tasks[i]): chosen[i] for i in mine}
   demos = sft_lib.collect_demonstrations([demo_tasks[i] for i in mine], lambda t: by_task[id(t)],
                                          tokenizer, trial_cfg, out_dir, sockets,
-                                         concurrency=int(cfg.rollout.concurrency))
+                                         concurrency=int(cfg.rollout.concurrency),
+                                         minimal_edits=minimal)
   return [d for host in multihost.gather_objects(demos) for d in host]
 
 

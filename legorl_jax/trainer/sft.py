@@ -27,10 +27,12 @@ log = logging.getLogger(__name__)
 
 def collect_demonstrations(tasks: Sequence, adapter_for: Callable, tokenizer,
                            trial_cfg: TrialConfig, out_dir: str, socket_dir: str,
-                           concurrency: int = 2) -> list[dict]:
+                           concurrency: int = 2, minimal_edits: bool = False) -> list[dict]:
   """Runs the scripted gold-patch policy through ``adapter_for(task)`` on ``tasks``; returns the
-  trajectories of solved trials (and writes them to ``out_dir/demos.jsonl``)."""
-  policy = ScriptedPolicy(patches_by_instruction(tasks))
+  trajectories of solved trials (and writes them to ``out_dir/demos.jsonl``). With
+  ``minimal_edits`` its edit-tool calls name only the changed tokens and enough context to be
+  unique in the file (``scripted.minimal_edit``) instead of whole lines."""
+  policy = ScriptedPolicy(patches_by_instruction(tasks), minimal_edits=minimal_edits)
   proxy = scripted_proxy(tokenizer, policy.reply, socket_dir, name="demos")
   try:
     results = run_trials([TrialJob(t, adapter_for(t), group=i) for i, t in enumerate(tasks)], proxy,
