@@ -80,3 +80,21 @@ def test_variant_gold_patches_flip_the_hidden_tests(tmp_path):
       names = tf.getnames()
     assert any(n.endswith(".py") and n.split("/")[0] == task.instruction.split("`")[3].split("/")[0]
                for n in names)
+
+
+def test_names_are_single_tokens_of_the_bundled_tokenizer():
+  """A renamed path or line must be copyable token by token: each name a variant can draw is
+  one token of the bundled tokenizer in the context it appears in."""
+  from legorl_jax.models.tokenizer import bundled_tokenizer_dir, load_tokenizer
+  from legorl_jax.tasks.synthetic import rename
+  tok = load_tokenizer(bundled_tokenizer_dir())
+  pieces = lambda s: [tok.decode([i]) for i in tok.encode(s)]  # noqa: E731
+  for w in rename.PACKAGES:
+    assert pieces(w) == [w] and pieces("_" + w) == ["_" + w], w
+  for m in rename.MODULES:
+    assert pieces("/" + m) == ["/" + m], m
+  for w in rename.WORDS:
+    assert pieces(" " + w) == [" " + w], w
+  assert len(set(rename.WORDS)) == len(rename.WORDS) and len(set(rename.PACKAGES)) == len(rename.PACKAGES)
+  # A whole path: package word, "_" word, "/" module, ".py".
+  assert pieces("ledger_sensor/model.py") == ["ledger", "_sensor", "/model", ".py"]

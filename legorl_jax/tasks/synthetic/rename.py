@@ -19,27 +19,31 @@ import tokenize
 
 from legorl_jax.tasks.synthetic.template import Module, Template
 
-# Plain identifiers a Python programmer would use; variants draw from these.
+# Names variants draw from: plain words a Python programmer would use, each one token of the
+# bundled tokenizer where it appears (a variable after a space, a package word alone and after
+# "_", a module after "/"), so a path or a quoted line is copied token by token from the
+# prompt rather than in word fragments (tests/tasks/test_synthetic_rename.py checks this).
 WORDS = (
-    "acc", "amount", "base", "batch", "block", "bound", "box", "bucket", "cap", "cell", "chunk",
-    "col", "cost", "count", "cur", "data", "delta", "depth", "diff", "dist", "entry", "extra",
-    "factor", "field", "first", "flag", "gap", "goal", "group", "head", "high", "idx", "item",
-    "items", "key", "label", "last", "left", "level", "limit", "line", "load", "low", "mark",
-    "mid", "name", "node", "num", "offset", "pair", "part", "peak", "piece", "pos", "prev",
-    "qty", "rank", "rate", "ratio", "rest", "right", "row", "run", "scale", "seen", "size",
-    "slot", "span", "spec", "stack", "start", "state", "step", "stop", "sum_", "tail", "tally",
-    "target", "term", "tick", "top", "unit", "val", "vals", "weight", "width", "word", "xs",
-    "ys", "zone",
+    "active", "actual", "amount", "average", "base", "batch", "block", "bottom", "bound",
+    "bucket", "chunk", "col", "cost", "count", "current", "data", "delta", "depth", "diff",
+    "done", "empty", "entry", "extra", "field", "final", "first", "flag", "fresh", "full",
+    "group", "head", "index", "inner", "item", "items", "key", "label", "last", "left", "level",
+    "limit", "line", "load", "low", "lower", "name", "node", "num", "offset", "outer", "pair",
+    "prev", "price", "rank", "rate", "ratio", "rest", "right", "row", "run", "scale", "score",
+    "seed", "shape", "size", "slot", "span", "stack", "start", "state", "step", "stop", "tag",
+    "target", "tax", "team", "text", "title", "top", "total", "tree", "turn", "unit", "upper",
+    "user", "val", "value", "weight", "width", "word",
 )
 PACKAGES = (
-    "acme", "atlas", "beacon", "birch", "cobalt", "comet", "coral", "delta", "ember", "fable",
-    "falcon", "fjord", "garnet", "harbor", "helix", "indigo", "iris", "jade", "juniper", "kelp",
-    "lumen", "maple", "meadow", "nimbus", "nova", "onyx", "orbit", "pebble", "pine", "quartz",
-    "raven", "ridge", "sable", "sierra", "spruce", "tango", "tundra", "umber", "vega", "willow",
-    "yarrow", "zephyr",
+    "account", "archive", "author", "balance", "board", "book", "branch", "budget", "card",
+    "cart", "channel", "chapter", "client", "clock", "color", "course", "customer", "deck",
+    "device", "discount", "folder", "game", "grade", "graph", "image", "inventory", "invoice",
+    "kernel", "ledger", "matrix", "movie", "packet", "payment", "pixel", "player", "plugin",
+    "product", "rating", "review", "room", "sensor", "student",
 )
-MODULES = ("core", "util", "ops", "calc", "logic", "rules", "funcs", "helpers", "tools", "engine",
-           "algo", "impl", "lib", "main", "model", "parts", "steps", "table", "units", "work")
+MODULES = ("core", "ops", "lib", "model", "table", "units", "steps", "report", "schema", "handler",
+           "parser", "reader", "layer", "metric", "session", "summary", "record", "worker",
+           "writer", "stream")
 
 
 def _function_node(source: str, func: str) -> ast.FunctionDef:
