@@ -90,12 +90,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.steps = 300
   c.sft.num_demos = 160
   c.sft.learning_rate = 3e-3
+  c.sft.b2 = 0.999
+  c.sft.max_grad_norm = 1.0       # <= 0: no clipping
   c.sft.rows_per_batch = 16
   c.sft.buckets = ()             # sequence buckets of SFT rows (default: trainer.buckets)
   c.sft.micro_batches = 1
   c.sft.check_demos = 0          # demonstrations held out of SFT for the imitation check
   c.sft.check_every = 50
   c.sft.minimal_edits = False    # demonstrations edit the fewest tokens that are unique in the file
+  c.sft.short_context_steps = 0  # first steps without the shared system prompt (more demos per step)
   # Stop SFT once this fraction of held-out demos is reproduced (None: never). A typed
   # placeholder, so --config.sft.stop_at_greedy_exact=0.25 works from the command line.
   c.sft.stop_at_greedy_exact = ml_collections.config_dict.placeholder(float)

@@ -101,7 +101,8 @@ def sft_config(cfg):
   """The learner config of the SFT phase: token NLL (REINFORCE at advantage 1), SFT optimizer."""
   return _with(cfg, loss={"name": "reinforce", "is_correction": "none", "kl_coef": 0.0,
                           "entropy_coef": 0.0},
-               optim={"learning_rate": float(cfg.sft.learning_rate), "schedule": "constant"},
+               optim={"learning_rate": float(cfg.sft.learning_rate), "schedule": "constant",
+                      **{k: float(cfg.sft[k]) for k in ("b2", "max_grad_norm") if k in cfg.sft}},
                trainer={"rows_per_batch": int(cfg.sft.rows_per_batch),
                         "micro_batches": int(cfg.sft.get("micro_batches", 1)),
                         "buckets": tuple(cfg.sft.get("buckets") or cfg.trainer.buckets),
@@ -238,7 +239,8 @@ def run(cfg, workdir: str) -> dict:
       last = sft_lib.run_sft(_sft_target(sft_learner), demos, sft_cfg, steps=int(cfg.sft.steps),
                              seed=int(cfg.seed), on_step=on_step, check_demos=check_demos,
                              check_every=int(cfg.sft.get("check_every", 50)),
-                             stop_at_greedy_exact=None if stop_at is None else float(stop_at))
+                             stop_at_greedy_exact=None if stop_at is None else float(stop_at),
+                             short_context_steps=int(cfg.sft.get("short_context_steps", 0)))
       learner = Learner(sft_learner.model(), rl_cfg, seed=int(cfg.seed))
       # The warm-started policy as a Hugging Face checkpoint: the starting point of RL, and of
       # the equal-time SFT-continuation baseline (experiments/benchmarks/rl_vs_sft.py).

@@ -7,6 +7,7 @@ log-likelihood of the sampled (loss-mask 1) tokens: REINFORCE with advantage 1.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -80,10 +81,35 @@ def imitation_check(learner, demos: Sequence[dict], cfg) -> dict[str, float]:
           "nll": -float(np.sum(seq_logp)) / max(n_tok, 1)}
 
 
+def without_shared_prefix(seqs: Sequence[batching.TrainSequence]) -> list[batching.TrainSequence]:
+  """``seqs`` with the prompt prefix they all share (the harness's system prompt and tool list)
+  cut off, back to the start of the message it ends in (a token equal to each sequence's first,
+  the chat template's message-start token). Positions restart at 0 in training rows; attention
+  (RoPE) only sees relative positions, so what is learned about the rest carries over."""
+  if len(seqs) < 2:
+    return list(seqs)
+  first = seqs[0].token_ids
+  n = min(len(s.token_ids) for s in seqs)
+  common = 0
+  while (common < n and all(s.token_ids[common] == first[common] and not s.loss_mask[common] for s in seqs)):
+    common += 1
+  cut = max((i for i in range(1, common) if first[i] == first[0]), default=0)
+  return [dataclasses.replace(s, token_ids=s.token_ids[cut:], loss_mask=s.loss_mask[cut:],
+                              logprobs=s.logprobs[cut:]) for s in seqs]
+
+
+def _bucketed(seqs, buckets):
+  by_bucket: dict[int, list] = {}
+  for s in seqs:
+    by_bucket.setdefault(next((b for b in buckets if len(s.token_ids) <= b), buckets[-1]), []).append(s)
+  return by_bucket
+
+
 def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
             on_step: Callable[[int, dict], None] | None = None,
             max_seconds: float | None = None, check_demos: Sequence[dict] = (),
-            check_every: int = 50, stop_at_greedy_exact: float | None = None) -> dict:
+            check_every: int = 50, stop_at_greedy_exact: float | None = None,
+            short_context_steps: int = 0) -> dict:
   """``steps`` updates on demonstration sequences sampled (seeded) with replacement, or fewer
   when ``max_seconds`` of wall time run out first (for equal-time baselines).
 
@@ -91,6 +117,13 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
   them (reported as ``check/...``); training stops early once ``greedy_exact`` reaches
   ``stop_at_greedy_exact``. ``learner`` must be built with ``loss.name = "reinforce"`` (NLL at
   advantage 1).
+
+  The first ``short_context_steps`` steps train on the sequences without their shared prompt
+  prefix (``without_shared_prefix``), in rows a power of two long, with proportionally more
+  rows per step (about the same tokens per step). With a long fixed system prompt that means
+  several times more demonstrations per step: a small policy learns to copy names from the
+  instruction only after it has seen enough of them (a sudden drop of the loss on copied
+  tokens, after a number of examples rather than of tokens).
   """
   seqs = [s for d in demos for s in batching.sequences_from_trajectory(d, advantage=1.0)]
   if not seqs:
@@ -100,19 +133,24 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
   buckets = sorted(int(b) for b in cfg.trainer.buckets)
   # One bucket per step, drawn in proportion to its sequences: every update is one full batch
   # of one shape (no padding rows of a second, longer bucket).
-  by_bucket: dict[int, list] = {}
-  for s in seqs:
-    by_bucket.setdefault(next((b for b in buckets if len(s.token_ids) <= b), buckets[-1]), []).append(s)
-  sizes = sorted(by_bucket)
-  weights = np.array([len(by_bucket[b]) for b in sizes], np.float64)
+  phases = [(_bucketed(seqs, buckets), rows, tuple(buckets))]
+  if short_context_steps > 0:
+    short = without_shared_prefix(seqs)
+    short_len = 1 << max(int(np.ceil(np.log2(max(len(s.token_ids) for s in short)))), 4)
+    micro = int(cfg.trainer.get("micro_batches", 1))
+    short_rows = max(micro, rows * buckets[0] // short_len // micro * micro)
+    phases.insert(0, (_bucketed(short, [short_len]), short_rows, (short_len,)))
   last = {}
   t0 = time.perf_counter()
   for step in range(steps):
     if max_seconds is not None and time.perf_counter() - t0 >= max_seconds:
       break
+    by_bucket, n_rows, phase_buckets = phases[0] if step < short_context_steps else phases[-1]
+    sizes = sorted(by_bucket)
+    weights = np.array([len(by_bucket[b]) for b in sizes], np.float64)
     pool = by_bucket[sizes[rng.choice(len(sizes), p=weights / weights.sum())]]
-    pick = [pool[i] for i in rng.integers(0, len(pool), rows)]
-    batches, _ = batching.make_batches(pick, buckets=tuple(cfg.trainer.buckets), rows_per_batch=rows,
+    pick = [pool[i] for i in rng.integers(0, len(pool), n_rows)]
+    batches, _ = batching.make_batches(pick, buckets=phase_buckets, rows_per_batch=n_rows,
                                        pack=bool(cfg.trainer.get("pack", False)))
     last = learner.update(batches)
     last["nll"] = last.get("loss/policy", 0.0)  # REINFORCE at advantage 1 is the token NLL

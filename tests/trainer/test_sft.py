@@ -81,3 +81,37 @@ def test_check_stops_training_once_greedy_reproduces_held_out_demos():
   last = sft.run_sft(FixedLogpLearner(), [_demo(10, 3)], _cfg(), steps=20, check_demos=[_demo_p(40)],
                      check_every=7, stop_at_greedy_exact=0.9)
   assert last["sft_step"] == 20 and last["check/greedy_exact"] == 0.0
+
+
+def _chat_demo(system, user, reply):
+  """Token ids of a rendered chat: 1 starts a message (the first token of every demo)."""
+  ids = [1] + system + [1] + user + [1] + reply
+  mask = [0] * (len(ids) - len(reply)) + [1] * len(reply)
+  return {"segments": [{"token_ids": ids, "loss_mask": mask, "logprobs": [-0.5] * len(ids)}]}
+
+
+def test_without_shared_prefix_cuts_the_system_prompt_back_to_a_message_start():
+  from legorl_jax.rollout import batching
+  system = list(range(50, 80))
+  # The user messages share their first tokens too: the cut goes back to the message start.
+  demos = [_chat_demo(system, [7, 8, 9 + k], [20 + k, 30]) for k in range(3)]
+  seqs = [s for d in demos for s in batching.sequences_from_trajectory(d, advantage=1.0)]
+  short = sft.without_shared_prefix(seqs)
+  for s, full in zip(short, seqs):
+    assert s.token_ids[:3] == [1, 7, 8] and full.token_ids[-len(s.token_ids):] == s.token_ids
+    assert s.loss_mask == full.loss_mask[-len(s.loss_mask):] and sum(s.loss_mask) == sum(full.loss_mask)
+    assert len(s.logprobs) == len(s.token_ids)
+  # One sequence alone shares nothing with anything: left whole.
+  assert sft.without_shared_prefix(seqs[:1]) == seqs[:1]
+
+
+def test_short_context_steps_come_first_in_short_rows_with_more_rows():
+  system = list(range(50, 80))
+  demos = [_chat_demo(system, [7, 8 + k], [20 + k, 30]) for k in range(5)]  # 37 tokens, 6 short
+  learner = RecordingLearner()
+  c = _cfg()
+  c.trainer.buckets = (64,)
+  sft.run_sft(learner, demos, c, steps=6, seed=0, short_context_steps=4)
+  shapes = [s[0] for s in learner.shapes]
+  assert shapes[:4] == [(16, 16)] * 4  # 6 tokens -> rows of 16 (the shortest); 4 * 64 / 16 rows
+  assert shapes[4:] == [(4, 64)] * 2
