@@ -13,6 +13,9 @@ step at which half the held-out paths are copied exactly. The curve is flat, the
 copy circuit forms after a number of examples, not gradually).
 
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.copy_phase --lrs=3e-3,1e-2 --steps=600
+
+``--save=DIR`` keeps each run's final policy as a Hugging Face checkpoint (a starting point
+for ``experiments.train --config.model.checkpoint=DIR/lr0.01``).
 """
 
 import argparse
@@ -94,6 +97,11 @@ def run(lr: float, args, tok):
                     "held_out_nll_per_token": round(float(loss), 3)})
       if first_half is None and float(exact) >= 0.5:
         first_half = step
+      if args.stop_at_exact and float(exact) >= args.stop_at_exact:
+        break
+  if args.save:
+    from legorl_jax.models import save_pretrained
+    save_pretrained(model, f"{args.save}/lr{lr:g}", tokenizer=tok)
   return {"lr": lr, "first_step_half_exact": first_half, "curve": curve,
           "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -109,6 +117,9 @@ def main():
   p.add_argument("--eval_every", type=int, default=50)
   p.add_argument("--eval_examples", type=int, default=256)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--stop_at_exact", type=float, default=0.0,
+                 help="stop a run once its held-out exact match reaches this (0: never)")
+  p.add_argument("--save", default="", help="write each run's final model (HF format) to SAVE/lrLR")
   args = p.parse_args()
   from legorl_jax.models.tokenizer import bundled_tokenizer_dir, load_tokenizer
   tok = load_tokenizer(bundled_tokenizer_dir())
