@@ -19,7 +19,6 @@ for ``experiments.train --config.model.checkpoint=DIR/lr0.01``).
 """
 
 import argparse
-import dataclasses
 import json
 import random
 import time
@@ -62,10 +61,9 @@ def run(lr: float, args, tok):
   import optax
   from flax import nnx
   from legorl_jax.models import create_model
-  from legorl_jax.models.config import get_preset
   from legorl_jax.tasks.synthetic.rename import MODULES, PACKAGES
 
-  model = create_model(dataclasses.replace(get_preset(args.preset)), seed=args.seed)
+  model = create_model(args.preset, seed=args.seed)
   opt = nnx.Optimizer(model, optax.adamw(lr, b2=args.b2), wrt=nnx.Param)
 
   def nll(model, ids, mask):

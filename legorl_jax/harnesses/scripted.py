@@ -17,13 +17,12 @@ Plan per request, from the conversation so far (the harness resends it every tur
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import re
-import tarfile
 from typing import Any, Callable, Sequence
 
 from legorl_jax.proxy.types import RenderedRequest
+from legorl_jax.sandbox.diff import snapshot_tar
 
 _SHELL_TOOLS = ("bash", "shell", "exec_command", "execute_bash", "terminal", "Bash", "run_shell_command")
 _FINISH_TOOLS = ("submit", "finish", "task_complete", "attempt_completion")
@@ -104,10 +103,7 @@ def minimal_edit(edit: Edit, text: str) -> Edit:
       if len(old) < best[0] and text.count(old) == 1:
         best = (len(old), i, j)
   _, i, j = best
-  shrunk = Edit(edit.path, "".join(a[i:j]), "".join(b[i:j + len(b) - len(a)]))
-  if text.replace(shrunk.old, shrunk.new) != text.replace(edit.old, edit.new):  # cannot happen
-    return edit
-  return shrunk
+  return Edit(edit.path, "".join(a[i:j]), "".join(b[i:j + len(b) - len(a)]))
 
 
 def search_replace_blocks(patch: str) -> str:
@@ -330,41 +326,46 @@ class PatchTable:
   workdirs: dict[str, str] = dataclasses.field(default_factory=dict)
   repos: dict[str, Any] = dataclasses.field(default_factory=dict)  # instruction -> RepoSource
   _files: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict, repr=False)
+  _patches: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+
+  def __post_init__(self):
+    for instruction, patch in self.entries:  # the first patch of an instruction wins
+      self._patches.setdefault(instruction, patch)
 
   def file_text(self, request: RenderedRequest, path: str) -> str | None:
     """The text of ``path`` in the request's task repository before any edit, when the task
     ships its repository as archive bytes (synthetic tasks do); else None."""
-    for m in request.messages:
-      if m.role not in ("user", "system") or not m.content:
-        continue
-      for instruction, repo in self.repos.items():
-        if instruction and instruction in m.content:
-          if instruction not in self._files:
-            self._files[instruction] = _archive_texts(repo)
-          return self._files[instruction].get(path)
-    return None
+    instruction, _ = _find_instruction(request, self.repos)
+    if instruction is None:
+      return None
+    if instruction not in self._files:
+      self._files[instruction] = _archive_texts(self.repos[instruction])
+    return self._files[instruction].get(path)
 
   def workdir(self, request: RenderedRequest) -> str | None:
     """The work dir of the request's task (for tools that want absolute paths)."""
-    for k, m in enumerate(request.messages):
-      if m.role in ("user", "system") and m.content:
-        for instruction, wd in self.workdirs.items():
-          if instruction and instruction in m.content:
-            return wd
-    return None
+    instruction, _ = _find_instruction(request, self.workdirs)
+    return None if instruction is None else self.workdirs[instruction]
 
   def locate(self, request: RenderedRequest) -> tuple[str | None, int]:
     """(patch, index of the first user/system message holding the instruction) or (None, -1)."""
-    for k, m in enumerate(request.messages):
-      if m.role not in ("user", "system") or not m.content:
-        continue
-      for instruction, patch in self.entries:
-        if instruction and instruction in m.content:
-          return patch, k
-    return None, -1
+    instruction, k = _find_instruction(request, self._patches)
+    return (None, -1) if instruction is None else (self._patches[instruction], k)
 
   def __call__(self, request: RenderedRequest) -> str | None:
     return self.locate(request)[0]
+
+
+def _find_instruction(request: RenderedRequest, instructions) -> tuple[str | None, int]:
+  """(the first of ``instructions`` found in a user/system message, that message's index),
+  scanning messages in order, or (None, -1)."""
+  for k, m in enumerate(request.messages):
+    if m.role not in ("user", "system") or not m.content:
+      continue
+    for instruction in instructions:
+      if instruction and instruction in m.content:
+        return instruction, k
+  return None, -1
 
 
 def _archive_texts(repo) -> dict[str, str]:
@@ -372,12 +373,9 @@ def _archive_texts(repo) -> dict[str, str]:
   if repo is None or getattr(repo, "kind", None) != "archive" or not getattr(repo, "data", None):
     return {}
   out = {}
-  with tarfile.open(fileobj=io.BytesIO(repo.data)) as tf:
-    for member in tf.getmembers():
-      if member.isfile():
-        data = tf.extractfile(member).read()
-        try:
-          out[member.name[2:] if member.name.startswith("./") else member.name] = data.decode()
-        except UnicodeDecodeError:
-          continue
+  for path, data in snapshot_tar(repo.data).items():
+    try:
+      out[path] = data.decode()
+    except UnicodeDecodeError:
+      continue
   return out

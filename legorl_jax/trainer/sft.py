@@ -98,11 +98,14 @@ def without_shared_prefix(seqs: Sequence[batching.TrainSequence]) -> list[batchi
                               logprobs=s.logprobs[cut:]) for s in seqs]
 
 
-def _bucketed(seqs, buckets):
+def _bucketed(seqs, buckets) -> tuple[list[list], np.ndarray]:
+  """(the sequences of each bucket that holds any, in bucket order; their shares of the draws)."""
   by_bucket: dict[int, list] = {}
   for s in seqs:
     by_bucket.setdefault(next((b for b in buckets if len(s.token_ids) <= b), buckets[-1]), []).append(s)
-  return by_bucket
+  pools = [by_bucket[b] for b in sorted(by_bucket)]
+  sizes = np.array([len(p) for p in pools], np.float64)
+  return pools, sizes / sizes.sum()
 
 
 def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
@@ -145,10 +148,8 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
   for step in range(steps):
     if max_seconds is not None and time.perf_counter() - t0 >= max_seconds:
       break
-    by_bucket, n_rows, phase_buckets = phases[0] if step < short_context_steps else phases[-1]
-    sizes = sorted(by_bucket)
-    weights = np.array([len(by_bucket[b]) for b in sizes], np.float64)
-    pool = by_bucket[sizes[rng.choice(len(sizes), p=weights / weights.sum())]]
+    (pools, shares), n_rows, phase_buckets = phases[0] if step < short_context_steps else phases[-1]
+    pool = pools[rng.choice(len(pools), p=shares)]
     pick = [pool[i] for i in rng.integers(0, len(pool), n_rows)]
     batches, _ = batching.make_batches(pick, buckets=phase_buckets, rows_per_batch=n_rows,
                                        pack=bool(cfg.trainer.get("pack", False)))
