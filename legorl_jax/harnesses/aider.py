@@ -87,7 +87,8 @@ class AiderAdapter(base.HarnessAdapter):
     _, cli, cli_env = install.sandbox_python_cli(NAME)
     argv = [*cli,
             "--model", model, "--weak-model", model, "--edit-format", self.edit_format,
-            "--openai-api-base", endpoint.openai_base, "--openai-api-key", endpoint.token,
+            # ``=`` form: a session token may start with "-", which argparse would take for a flag
+            f"--openai-api-base={endpoint.openai_base}", f"--openai-api-key={endpoint.token}",
             "--model-metadata-file", meta_file, "--model-settings-file", settings_file,
             "--map-tokens", str(self.map_tokens),
             "--message-file", task_file,
