@@ -5,7 +5,8 @@ rules table places it on a ``(data, fsdp, tensor)`` mesh. Kernels are stored ``[
 
 Two forward modes share one attention function:
   * training / scoring: ``hidden(input_ids, positions, segment_ids)``; tokens attend causally
-    within their segment (packed rows hold several sequences; segment id 0 is padding);
+    within their segment (packed rows hold several sequences; segment id 0 is padding), or,
+    with ``shared_prefix``, rows hold one prompt and several branches that share it;
   * sampling: ``decode(input_ids, positions, cache)`` writes K/V at each token's absolute
     position in a per-row cache slot and attends to every cached position <= its own.
     Tokens with ``position < 0`` are padding: they write nothing.
@@ -14,6 +15,7 @@ Two forward modes share one attention function:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import flax.struct
 import jax
@@ -97,11 +99,8 @@ class RMSNorm(nnx.Module):
     return self.weight[...].astype(x.dtype) * y.astype(x.dtype)
 
 
-def attend(q, k, v, mask):
-  """Grouped-query attention.
-
-  q: [B, T, H, Dh]; k, v: [B, S, Hkv, Dh]; mask: [B, T, S] bool -> [B, T, H, Dh].
-  Softmax runs in float32.
+def _scores(q, k):
+  """Scaled head-major scores: q [B, T, H, Dh], k [B, S, Hkv, Dh] -> f32 [B, Hkv, G, T, S].
 
   Queries and keys go head-major first ([B, Hkv, G*T, Dh], [B, Hkv, S, Dh]: transposes of the
   small operands), so both products are batched GEMMs that leave S minor in the scores. Left
@@ -113,13 +112,89 @@ def attend(q, k, v, mask):
   g = h // hkv
   q = q * jnp.asarray(1.0 / math.sqrt(dh), q.dtype)
   qh = q.reshape(b, t, hkv, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, dh)
-  kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-  scores = jnp.einsum("bkmd,bksd->bkms", qh, kh, preferred_element_type=jnp.float32)
-  scores = scores.reshape(b, hkv, g, t, -1)
-  scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, hkv, g * t, -1)
-  out = jnp.einsum("bkms,bksd->bkmd", probs, vh).reshape(b, hkv, g, t, dh)
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
+  scores = jnp.einsum("bkmd,bksd->bkms", qh, k.transpose(0, 2, 1, 3),
+                      preferred_element_type=jnp.float32)
+  return scores.reshape(b, hkv, g, t, -1)
+
+
+def _mix(probs, v):
+  """probs [B, Hkv, G, T, S] (v's dtype), v [B, S, Hkv, Dh] -> [B, T, H, Dh]."""
+  b, hkv, g, t, s = probs.shape
+  out = jnp.einsum("bkms,bksd->bkmd", probs.reshape(b, hkv, g * t, s), v.transpose(0, 2, 1, 3))
+  return out.reshape(b, hkv, g, t, -1).transpose(0, 3, 1, 2, 4).reshape(b, t, hkv * g, -1)
+
+
+def attend(q, k, v, mask):
+  """Grouped-query attention.
+
+  q: [B, T, H, Dh]; k, v: [B, S, Hkv, Dh]; mask: [B, T, S] bool, or a ``GroupedMask`` for
+  rows laid out as a shared prompt and its branches -> [B, T, H, Dh]. Softmax runs in float32.
+  """
+  if isinstance(mask, GroupedMask):
+    return attend_grouped(q, k, v, mask)
+  scores = jnp.where(mask[:, None, None], _scores(q, k), jnp.finfo(jnp.float32).min)
+  return _mix(jax.nn.softmax(scores, axis=-1).astype(v.dtype), v)
+
+
+class GroupedMask(NamedTuple):
+  """Attention of a row laid out as ``[prompt: P tokens | K branches of L tokens]``.
+
+  GRPO samples several completions of one prompt (and every demonstration of a harness starts
+  with the same system prompt): the shared prompt is computed once per row instead of once per
+  completion. Prompt tokens attend causally within the prompt; a branch token attends to
+  every valid prompt token and causally within its own branch, so each branch sees exactly
+  what its unshared sequence would. Shapes (bool): ``prefix [B, P, P]``,
+  ``to_prefix [B, K*L, P]``, ``branch [B, K, L, L]``.
+  """
+  prefix: jax.Array
+  to_prefix: jax.Array
+  branch: jax.Array
+
+  @classmethod
+  def from_segments(cls, segment_ids: jax.Array, prefix_len: int, branch_len: int) -> "GroupedMask":
+    """From ``segment_ids [B, P + K*L]`` (0 = padding; each branch its own id)."""
+    b, t = segment_ids.shape
+    p, l = prefix_len, branch_len
+    if p <= 0 or l <= 0 or t <= p or (t - p) % l:
+      raise ValueError(f"a grouped row of {t} tokens cannot be a {p}-token prompt followed by "
+                       f"branches of {l} tokens; the row length must be prompt + K * branch.")
+    seg_p, seg_b = segment_ids[:, :p], segment_ids[:, p:].reshape(b, (t - p) // l, l)
+    prefix = (jnp.tril(jnp.ones((p, p), bool))[None] & (seg_p[:, :, None] == seg_p[:, None, :])
+              & (seg_p[:, :, None] != 0))
+    to_prefix = (seg_b.reshape(b, -1)[:, :, None] != 0) & (seg_p[:, None, :] != 0)
+    branch = (jnp.tril(jnp.ones((l, l), bool))[None, None]
+              & (seg_b[..., :, None] == seg_b[..., None, :]) & (seg_b[..., :, None] != 0))
+    return cls(prefix, to_prefix, branch)
+
+
+def attend_grouped(q, k, v, mask: GroupedMask):
+  """``attend`` over a grouped row (see ``GroupedMask``): q [B, P + K*L, H, Dh], k, v
+  [B, P + K*L, Hkv, Dh] -> [B, P + K*L, H, Dh].
+
+  Branch queries score against the prompt's keys (one GEMM for all branches) and against
+  their own branch's keys; one float32 softmax runs over both blocks. Work per branch token
+  is O(P + L), not O(P + K*L) as in a dense mask over the row.
+  """
+  p = mask.prefix.shape[-1]
+  b, nb, l = mask.branch.shape[:3]
+  h, dh = q.shape[2:]
+  hkv = k.shape[2]
+  g = h // hkv
+  low = jnp.finfo(jnp.float32).min
+  out_p = attend(q[:, :p], k[:, :p], v[:, :p], mask.prefix)
+  qb, kp, vp = q[:, p:], k[:, :p], v[:, :p]
+  s_prompt = jnp.where(mask.to_prefix[:, None, None], _scores(qb, kp), low)  # [B,Hkv,G,K*L,P]
+  s_own = _scores(qb.reshape(b * nb, l, h, dh), k[:, p:].reshape(b * nb, l, hkv, dh))
+  s_own = jnp.where(mask.branch.reshape(b * nb, l, l)[:, None, None], s_own, low)
+  s_own = s_own.reshape(b, nb, hkv, g, l, l).transpose(0, 2, 3, 1, 4, 5).reshape(b, hkv, g, nb * l, l)
+  top = jnp.maximum(s_prompt.max(-1, keepdims=True), s_own.max(-1, keepdims=True))
+  e_prompt, e_own = jnp.exp(s_prompt - top), jnp.exp(s_own - top)
+  inv = 1.0 / (e_prompt.sum(-1, keepdims=True) + e_own.sum(-1, keepdims=True))
+  out_b = _mix((e_prompt * inv).astype(v.dtype), vp)  # [B, K*L, H, Dh]
+  p_own = (e_own * inv).astype(v.dtype).reshape(b, hkv, g, nb, l, l).transpose(0, 3, 1, 2, 4, 5)
+  out_own = _mix(p_own.reshape(b * nb, hkv, g, l, l), v[:, p:].reshape(b * nb, l, hkv, dh))
+  out_b = out_b + out_own.reshape(b, nb * l, h, dh)
+  return jnp.concatenate([out_p, out_b], axis=1)
 
 
 class Attention(nnx.Module):
@@ -237,13 +312,15 @@ class Decoder(nnx.Module):
     return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
 
   # -- training / scoring ---------------------------------------------------------------------
-  def hidden(self, input_ids, positions=None, segment_ids=None):
+  def hidden(self, input_ids, positions=None, segment_ids=None, shared_prefix=None):
     """Final-normed hidden states.
 
     Args:
       input_ids: int32 [B, T].
       positions: int32 [B, T] RoPE positions (default ``arange(T)``; restart per packed segment).
       segment_ids: int32 [B, T]; tokens attend only within equal non-zero ids (default all 1).
+      shared_prefix: static ``(P, L)``: every row is a P-token prompt followed by branches of L
+        tokens that all attend to it (see ``GroupedMask``); None for plain rows.
     Returns:
       [B, T, D] in the compute dtype.
     """
@@ -252,9 +329,12 @@ class Decoder(nnx.Module):
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     if segment_ids is None:
       segment_ids = jnp.ones((b, t), jnp.int32)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    mask = (causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
-            & (segment_ids[:, :, None] != 0))
+    if shared_prefix is not None:
+      mask = GroupedMask.from_segments(segment_ids, *shared_prefix)
+    else:
+      causal = jnp.tril(jnp.ones((t, t), bool))
+      mask = (causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
+              & (segment_ids[:, :, None] != 0))
     x = self.embed_tokens(input_ids)
     for block in self.layers:
       if self.config.remat:

@@ -216,3 +216,48 @@ def test_accelerator_preset_param_counts(name):
   if non_embedding:
     emb = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
     assert abs(n - emb - non_embedding) <= 0.03 * non_embedding, n - emb
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_grouped_rows_equal_separate_sequences(arch):
+  """A row [prompt | branches] gives every token the hidden state of its own unshared
+  sequence: prompt tokens as a prefix of it, branch tokens as its continuation."""
+  config = _small(arch)
+  model = _perturb(create_model(config, seed=0))
+  p, l, k = 10, 8, 3
+  # row 0: a 9-token prompt and three completions; row 1: a 6-token prompt, two completions
+  # and an empty branch (padding)
+  rows = [(9, (4, 6, 2)), (6, (7, 1))]
+  ids = np.zeros((2, p + k * l), np.int32)
+  pos = np.zeros_like(ids)
+  seg = np.zeros_like(ids)
+  full = []  # (row, prompt_len, branch index, full sequence)
+  rng = np.random.RandomState(3)
+  for r, (plen, comps) in enumerate(rows):
+    prompt = rng.randint(0, config.vocab_size, plen)
+    ids[r, :plen - 1], pos[r, :plen - 1], seg[r, :plen - 1] = prompt[:-1], np.arange(plen - 1), 1
+    for j, n in enumerate(comps):
+      comp = rng.randint(0, config.vocab_size, n)
+      branch = np.concatenate([prompt[-1:], comp])
+      sl = slice(p + j * l, p + j * l + len(branch))
+      ids[r, sl], pos[r, sl], seg[r, sl] = branch, plen - 1 + np.arange(len(branch)), 2 + j
+      full.append((r, plen, j, np.concatenate([prompt, comp])))
+  graphdef, state = nnx.split(model)
+  grouped = jax.jit(lambda s, *a: nnx.merge(graphdef, s).hidden(*a, shared_prefix=(p, l)))
+  out = np.asarray(grouped(state, jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(seg)))
+  alone = jax.jit(lambda s, x: nnx.merge(graphdef, s).hidden(x))
+  for r, plen, j, sequence in full:
+    ref = np.asarray(alone(state, jnp.asarray(sequence[None])))[0]
+    assert np.abs(out[r, :plen - 1] - ref[:plen - 1]).max() <= 1e-5
+    got = out[r, p + j * l:p + j * l + len(sequence) - plen + 1]
+    assert np.abs(got - ref[plen - 1:]).max() <= 1e-5, (r, j)
+  # padding never leaks: changing padded tokens leaves every real token's state unchanged
+  noisy = np.where(seg == 0, rng.randint(0, config.vocab_size, ids.shape), ids)
+  out2 = np.asarray(grouped(state, jnp.asarray(noisy), jnp.asarray(pos), jnp.asarray(seg)))
+  assert np.abs((out2 - out)[seg > 0]).max() == 0.0
+
+
+def test_grouped_row_of_wrong_length_names_the_layout():
+  model = create_model(_small(), seed=0)
+  with pytest.raises(ValueError, match="prompt \\+ K \\* branch"):
+    model.hidden(jnp.zeros((1, 20), jnp.int32), shared_prefix=(8, 5))
