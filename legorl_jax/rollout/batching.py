@@ -3,6 +3,10 @@
 Every shape the learner sees is one of ``len(buckets)`` shapes ``[rows, T]``, so the jitted
 step compiles once per bucket. A segment longer than the largest bucket is truncated (its
 tail is dropped, never its prompt) and counted.
+
+Grouped batches (``make_grouped_batches``) lay each row out as one prompt shared by several
+branches (the samples of a GRPO group, or demonstrations behind one system prompt), so the
+prompt is computed once per row; they carry their static layout under ``LAYOUT_KEY``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,15 @@ import numpy as np
 from legorl_jax import errors
 
 KEYS = ("input_ids", "positions", "segment_ids", "loss_mask", "advantages", "rollout_logp")
+LAYOUT_KEY = "shared_prefix"  # int32 [2]: (P, L) of a grouped batch
+
+
+def split_layout(batch: dict) -> tuple[dict, tuple[int, int] | None]:
+  """(the batch's arrays, its static ``shared_prefix`` layout or None for plain rows)."""
+  if LAYOUT_KEY not in batch:
+    return batch, None
+  p, l = (int(x) for x in np.asarray(batch[LAYOUT_KEY]))
+  return {k: v for k, v in batch.items() if k != LAYOUT_KEY}, (p, l)
 
 
 @dataclasses.dataclass
@@ -114,3 +127,98 @@ def make_batches(seqs: Iterable[TrainSequence], *, buckets: Sequence[int], rows_
       chunk += [_row_arrays([], length)] * pad
       batches.append({k: np.stack([r[k] for r in chunk]) for k in KEYS})
   return batches, stats
+
+
+def _first_trained(s: TrainSequence) -> int:
+  return next((i for i, m in enumerate(s.loss_mask) if m), len(s.loss_mask))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+  n = min(len(a), len(b), limit)
+  for i in range(n):
+    if a[i] != b[i]:
+      return i
+  return n
+
+
+def _grouped_row(members: list[TrainSequence], shared: int, prefix_len: int, branch_len: int,
+                 branches: int) -> dict[str, np.ndarray]:
+  """One row: ``members[0]``'s first ``shared - 1`` tokens, then each member from token
+  ``shared - 1`` on (the last shared token is repeated so it predicts its branch's first token)."""
+  length = prefix_len + branches * branch_len
+  a = {k: np.zeros(length, np.float32 if k in ("loss_mask", "advantages", "rollout_logp")
+                   else np.int32) for k in KEYS}
+  n = shared - 1
+  if members:
+    a["input_ids"][:n] = members[0].token_ids[:n]
+  a["positions"][:n] = np.arange(n)
+  a["segment_ids"][:n] = 1
+  for j, s in enumerate(members):
+    tail = len(s.token_ids) - n
+    sl = slice(prefix_len + j * branch_len, prefix_len + j * branch_len + tail)
+    a["input_ids"][sl] = s.token_ids[n:]
+    a["positions"][sl] = np.arange(n, len(s.token_ids))
+    a["segment_ids"][sl] = 2 + j
+    a["loss_mask"][sl] = s.loss_mask[n:]
+    a["advantages"][sl] = s.advantage
+    a["rollout_logp"][sl] = s.logprobs[n:]
+  return a
+
+
+def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, branch_len: int,
+                         branches: int, rows_per_batch: int, min_shared: int = 2
+                         ) -> tuple[list[dict[str, np.ndarray]], list[TrainSequence], collections.Counter]:
+  """Rows of one shared prompt (``prefix_len`` slots) and ``branches`` branches of
+  ``branch_len`` tokens, for sequences that share a prompt.
+
+  Sequences are sorted by their tokens and taken greedily into rows while the row's members
+  still share at least ``min_shared`` leading tokens, none of which is trained (a trained
+  token carries its own sequence's advantage, so it cannot be shared), and every branch fits.
+  Returns ``(batches, rest, stats)``: ``rest`` are the sequences that share with no other or
+  do not fit (batch them with ``make_batches``); ``stats`` counts ``sequences``, ``rows``,
+  ``tokens`` (as computed, the prompt once per row) and ``unshared_tokens`` (as plain rows
+  would compute them). Each batch maps ``LAYOUT_KEY`` to ``(prefix_len, branch_len)``.
+  """
+  if prefix_len < 1 or branch_len < 2 or branches < 2 or rows_per_batch < 1 or min_shared < 2:
+    raise errors.ConfigError(
+        "grouped batches need prefix_len >= 1, branch_len >= 2, branches >= 2, "
+        "rows_per_batch >= 1 and min_shared >= 2.")
+  stats = collections.Counter()
+  order = sorted((s for s in seqs if any(s.loss_mask)), key=lambda s: s.token_ids)
+  rows, rest = [], []
+  members, shared = [], 0
+
+  def close():
+    if len(members) >= 2:
+      rows.append(_grouped_row(members, shared, prefix_len, branch_len, branches))
+      stats["sequences"] += len(members)
+      stats["rows"] += 1
+      stats["tokens"] += shared - 1 + sum(len(m.token_ids) - shared + 1 for m in members)
+      stats["unshared_tokens"] += sum(len(m.token_ids) for m in members)
+    else:
+      rest.extend(members)
+
+  for s in order:
+    if members and len(members) < branches:
+      c = min(shared, _common_prefix(members[0].token_ids, s.token_ids, shared), _first_trained(s))
+      if c >= min_shared and all(len(m.token_ids) - c + 1 <= branch_len for m in members + [s]):
+        members.append(s)
+        shared = c
+        continue
+    close()
+    members = [s]
+    shared = min(_first_trained(s), prefix_len + 1)
+    if len(s.token_ids) - shared + 1 > branch_len:  # cannot be a branch at all
+      rest.append(s)
+      members, shared = [], 0
+  close()
+  empty = _grouped_row([], 1, prefix_len, branch_len, branches)
+  batches = []
+  for i in range(0, len(rows), rows_per_batch):
+    chunk = rows[i:i + rows_per_batch]
+    stats["padding_rows"] += rows_per_batch - len(chunk)
+    chunk += [empty] * (rows_per_batch - len(chunk))
+    batch = {k: np.stack([r[k] for r in chunk]) for k in KEYS}
+    batch[LAYOUT_KEY] = np.asarray([prefix_len, branch_len], np.int32)
+    batches.append(batch)
+  return batches, rest, stats

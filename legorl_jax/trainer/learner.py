@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from legorl_jax.models.params import split_model
+from legorl_jax.rollout import batching
 from legorl_jax.sharding import make_mesh
 from legorl_jax.trainer import optimizer as opt_lib
 from legorl_jax.trainer import state as state_lib
@@ -62,25 +63,28 @@ class Learner:
       self._sharded_steps = {}
     else:
       self.state_sh = None
-      self._step = jax.jit(step_fn, donate_argnums=(0,), static_argnames=("scored_cap",))
+      self._step = jax.jit(step_fn, donate_argnums=(0,),
+                           static_argnames=("scored_cap", "shared_prefix"))
     self.state = state
     self._logprob = jax.jit(ts.make_logprob_fn(
         self.model_def, temperature=float(cfg.loss.get("temperature", 1.0)),
-        impl=cfg.trainer.get("logprob_impl", None)))
+        impl=cfg.trainer.get("logprob_impl", None)), static_argnames=("shared_prefix",))
 
   @property
   def step(self) -> int:
     return int(self.state.step)
 
-  def _jitted(self, batch, cap):
-    """The update for ``batch``'s keys; on a mesh, one jitted step per scored-token cap (the cap
-    is closed over: jit with explicit in_shardings takes positional arguments only)."""
+  def _jitted(self, batch, cap, layout):
+    """The update for ``batch``'s keys; on a mesh, one jitted step per (scored-token cap,
+    layout) (both closed over: jit with explicit in_shardings takes positional arguments only)."""
     if self.mesh is None:
-      return functools.partial(self._step, scored_cap=cap)
-    if cap not in self._sharded_steps:  # batch shardings depend on keys and ranks only
-      self._sharded_steps[cap] = ts.jit_train_step(functools.partial(self._step_fn, scored_cap=cap),
-                                                   self.state_sh, ts.batch_shardings(batch, self.mesh))
-    return self._sharded_steps[cap]
+      return functools.partial(self._step, scored_cap=cap, shared_prefix=layout)
+    key = (cap, layout)
+    if key not in self._sharded_steps:  # batch shardings depend on keys and ranks only
+      self._sharded_steps[key] = ts.jit_train_step(
+          functools.partial(self._step_fn, scored_cap=cap, shared_prefix=layout),
+          self.state_sh, ts.batch_shardings(batch, self.mesh))
+    return self._sharded_steps[key]
 
   def update(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
     """One optimizer update per batch; returns metrics merged over the batches (sums and
@@ -92,10 +96,11 @@ class Learner:
       # also the SFT loss, has no ratio).
       batches = [dict(b, old_logp=self.logprobs(b)[0]) for b in batches]
     for i, batch in enumerate(batches):
+      batch, layout = batching.split_layout(batch)
       dev = {k: jnp.asarray(v) for k, v in batch.items()}
       cap = (ts.scored_cap_for(batch, int(self.cfg.trainer.get("micro_batches", 1)))
              if self.cfg.trainer.get("lm_head_on_scored_only", True) else None)
-      self.state, m = self._jitted(dev, cap)(self.state, dev)
+      self.state, m = self._jitted(dev, cap, layout)(self.state, dev)
       tokens += int(np.sum(batch["segment_ids"] > 0))
       merge_update_metrics(merged, m, i)
     merged["learner_tokens"] = tokens
@@ -105,8 +110,9 @@ class Learner:
 
   def logprobs(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Teacher-forced (logp, entropy) ``[B, T]`` aligned with tokens, current parameters."""
+    batch, layout = batching.split_layout(batch)
     dev = {k: jnp.asarray(v) for k, v in batch.items()}
-    logp, ent = self._logprob(self.state.params, dev)
+    logp, ent = self._logprob(self.state.params, dev, shared_prefix=layout)
     return np.asarray(logp), np.asarray(ent)
 
   def params_copy(self):

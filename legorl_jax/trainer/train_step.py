@@ -54,18 +54,22 @@ def scored_mask(batch: Batch) -> jax.Array:
 
 
 def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, temperature: float,
-                     impl: str | None = None, value_head=None, scored_cap: int | None = None):
+                     impl: str | None = None, value_head=None, scored_cap: int | None = None,
+                     shared_prefix: tuple[int, int] | None = None):
   """Teacher-forced logprobs of next tokens.
 
   With ``scored_cap`` (static), the lm head runs only on the scored predictions (at most
   ``scored_cap`` per call; agent trajectories are mostly prompt, so this skips most of the
   ``[N, D] x [D, V]`` work); other positions get logp = entropy = 0. The caller guarantees the
-  cap is not exceeded (``scored_cap_for``). Logits are never materialised.
+  cap is not exceeded (``scored_cap_for``). Logits are never materialised. ``shared_prefix``
+  (static ``(P, L)``) marks grouped rows: a shared prompt and its branches
+  (``batching.make_grouped_batches``).
 
   Returns ``(logp [B, T-1], entropy [B, T-1], values [B, T-1] or None)`` in float32.
   """
   model = model_def.merge(params)
-  hidden = model.hidden(batch["input_ids"], batch["positions"], batch["segment_ids"])
+  hidden = model.hidden(batch["input_ids"], batch["positions"], batch["segment_ids"],
+                        shared_prefix=shared_prefix)
   h = hidden[:, :-1]
   b, t, d = h.shape
   targets = batch["input_ids"][:, 1:].reshape(-1).astype(jnp.int32)
@@ -125,8 +129,9 @@ def scored_cap_for(batch: dict, n_micro: int) -> int | None:
 
 def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation, cfg
                     ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
-  """Builds ``train_step(state, batch, ref_params=None, scored_cap=None) -> (state, metrics)``
-  (pure, unjitted; ``scored_cap`` must be static under jit, see ``scored_cap_for``).
+  """Builds ``train_step(state, batch, ref_params=None, scored_cap=None, shared_prefix=None)
+  -> (state, metrics)`` (pure, unjitted; ``scored_cap`` and ``shared_prefix`` must be static
+  under jit, see ``scored_cap_for`` and ``batching.make_grouped_batches``).
 
   ``cfg`` fields: ``loss.name`` (a key of ``rl.POLICY_LOSSES``), the ``rl.LossConfig`` knobs under
   ``loss``, ``loss.temperature`` (the sampling temperature), ``loss.vf_coef``,
@@ -142,14 +147,14 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
   vf_coef = float(cfg.loss.get("vf_coef", 0.0))
   vf_clip = cfg.loss.get("vf_clip", None)
 
-  def micro_loss(trainable, mb, ref_params, d_pol, d_val, scored_cap):
+  def micro_loss(trainable, mb, ref_params, d_pol, d_val, scored_cap, shared_prefix):
     logp, ent, values = forward_logprobs(model_def, trainable["policy"], mb, temperature=temperature,
                                          impl=impl, value_head=trainable["value_head"],
-                                         scored_cap=scored_cap)
+                                         scored_cap=scored_cap, shared_prefix=shared_prefix)
     sb = shifted(mb)
     if ref_params is not None:
       ref_logp, _, _ = forward_logprobs(model_def, ref_params, mb, temperature=temperature, impl=impl,
-                                        scored_cap=scored_cap)
+                                        scored_cap=scored_cap, shared_prefix=shared_prefix)
       sb["ref_logp"] = jax.lax.stop_gradient(ref_logp)
     sb.update(logp=logp, entropy=ent)
     pl_sum, _, m = rl_losses.policy_loss(loss_name, sb, cfg.loss)
@@ -166,7 +171,7 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
   grad_fn = jax.grad(micro_loss, has_aux=True)
 
   def train_step(state: TrainState, batch: Batch, ref_params: Params | None = None,
-                 scored_cap: int | None = None):
+                 scored_cap: int | None = None, shared_prefix: tuple[int, int] | None = None):
     sb_all = shifted(batch)
     d_pol, d_val = loss_denominators(sb_all, cfg)
     d_pol, d_val = jnp.maximum(d_pol, 1e-8), jnp.maximum(d_val, 1e-8)
@@ -175,7 +180,7 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
 
     def body(carry, mb):
       g_acc, m_acc = carry
-      g, m = grad_fn(trainable, mb, ref_params, d_pol, d_val, scored_cap)
+      g, m = grad_fn(trainable, mb, ref_params, d_pol, d_val, scored_cap, shared_prefix)
       g_acc = jax.tree.map(jnp.add, g_acc, g)
       m_acc = m if m_acc is None else rl_metrics.merge_metrics(m_acc, m)
       return (g_acc, m_acc), None
@@ -206,11 +211,12 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
 
 
 def make_logprob_fn(model_def: ModelDef, *, temperature: float, impl: str | None = None):
-  """``fn(params, batch) -> (logp [B, T], entropy [B, T])`` aligned with tokens (column 0 is 0),
-  for old/reference logprobs and sampler-vs-learner agreement checks."""
+  """``fn(params, batch, shared_prefix=None) -> (logp [B, T], entropy [B, T])`` aligned with
+  tokens (column 0 is 0), for old/reference logprobs and sampler-vs-learner agreement checks."""
 
-  def fn(params, batch):
-    logp, ent, _ = forward_logprobs(model_def, params, batch, temperature=temperature, impl=impl)
+  def fn(params, batch, shared_prefix=None):
+    logp, ent, _ = forward_logprobs(model_def, params, batch, temperature=temperature, impl=impl,
+                                    shared_prefix=shared_prefix)
     pad = jnp.zeros((logp.shape[0], 1), jnp.float32)
     return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
 
@@ -227,4 +233,4 @@ def jit_train_step(train_step, state_sh: TrainState, batch_sh, ref_sh=None):
   """Jits with explicit shardings and a donated state (updated in place on device)."""
   in_sh = (state_sh, batch_sh) if ref_sh is None else (state_sh, batch_sh, ref_sh)
   return jax.jit(train_step, in_shardings=in_sh, out_shardings=(state_sh, None),
-                 donate_argnums=(0,), static_argnames=("scored_cap",))
+                 donate_argnums=(0,), static_argnames=("scored_cap", "shared_prefix"))

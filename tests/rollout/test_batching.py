@@ -60,3 +60,50 @@ def test_trajectory_segments_and_side_streams():
 def test_bad_batching_config_is_named():
   with pytest.raises(errors.ConfigError):
     batching.make_batches([], buckets=(), rows_per_batch=1)
+
+
+def _expand(batch, row):
+  """The sequences a grouped row stands for: prompt tokens + each branch after its first."""
+  arrays, (p, l) = batching.split_layout(batch)
+  ids, seg, pos = arrays["input_ids"][row], arrays["segment_ids"][row], arrays["positions"][row]
+  n = int((seg[:p] == 1).sum())
+  out = []
+  for j in range((len(ids) - p) // l):
+    sl = slice(p + j * l, p + (j + 1) * l)
+    live = seg[sl] > 0
+    if not live.any():
+      continue
+    assert pos[sl][live][0] == n and (np.diff(pos[sl][live]) == 1).all()
+    mask, logp = arrays["loss_mask"][row][sl][live], arrays["rollout_logp"][row][sl][live]
+    assert not arrays["loss_mask"][row][:p].any()  # shared tokens are never trained
+    out.append(([int(x) for x in ids[:n]] + [int(x) for x in ids[sl][live]],
+                [0] * n + [int(x) for x in mask], [0.0] * n + [float(x) for x in logp],
+                float(arrays["advantages"][row][sl][live][0])))
+  return out
+
+
+def test_grouped_batches_hold_every_sequence_once():
+  rng = np.random.default_rng(0)
+  seqs = []
+  system = list(rng.integers(3, 100, 6))
+  for g in range(5):  # five prompts behind one system prompt, 3 samples each
+    prompt = system + list(rng.integers(3, 100, 4))
+    for i in range(3):
+      first = [7] if i < 2 else [8]  # two samples share their first sampled token
+      comp = first + list(rng.integers(3, 100, int(rng.integers(1, 6))))
+      seqs.append(batching.TrainSequence(prompt + comp, [0] * len(prompt) + [1] * len(comp),
+                                         [0.0] * len(prompt) + [-1.0] * len(comp), float(g * 3 + i)))
+  seqs.append(batching.TrainSequence(list(rng.integers(3, 100, 40)), [0] * 10 + [1] * 30,
+                                     [0.0] * 40, 9.0))  # too long for a branch
+  batches, rest, stats = batching.make_grouped_batches(seqs, prefix_len=12, branch_len=8,
+                                                       branches=4, rows_per_batch=2)
+  assert [s.advantage for s in rest] == [9.0]
+  got = [x for b in batches for r in range(b["input_ids"].shape[0]) for x in _expand(b, r)]
+  want = [(s.token_ids, s.loss_mask, s.logprobs, s.advantage) for s in seqs[:-1]]
+  assert sorted(got) == sorted(want)
+  assert stats["sequences"] == 15 and stats["tokens"] < stats["unshared_tokens"]
+
+
+def test_grouped_batches_reject_bad_layout():
+  with pytest.raises(errors.ConfigError, match="branches >= 2"):
+    batching.make_grouped_batches([], prefix_len=8, branch_len=8, branches=1, rows_per_batch=1)

@@ -175,3 +175,46 @@ def test_bad_micro_batch_count_is_named(setup):
   step = ts.make_train_step(model_def, opt, cfg)
   with pytest.raises(Exception, match="micro_batches=3"):
     step(state_lib.create_train_state(params, opt), jax.tree.map(jnp.asarray, make_batch(b=4)))
+
+
+def _group_sequences(seed=0):
+  """Two GRPO groups (4 and 3 samples of one prompt each) and a loner, as TrainSequences."""
+  from legorl_jax.rollout.batching import TrainSequence
+  rng = np.random.default_rng(seed)
+  seqs = []
+  for g, (plen, n) in enumerate([(11, 4), (7, 3), (9, 1)]):
+    prompt = list(rng.integers(0, CFG.vocab_size, plen))
+    for i in range(n):
+      comp = list(rng.integers(0, CFG.vocab_size, int(rng.integers(2, 9))))
+      seqs.append(TrainSequence(prompt + comp, [0] * plen + [1] * len(comp),
+                                [0.0] * plen + list(rng.normal(-2, 0.5, len(comp))),
+                                float(rng.normal()), f"g{g}s{i}"))
+  return seqs
+
+
+@pytest.mark.parametrize("loss,aggregation", [("grpo", "token-mean"),
+                                              ("gspo", "seq-mean-token-mean")])
+def test_grouped_batch_gives_same_update_as_plain_rows(setup, loss, aggregation):
+  """The shared-prompt layout is a compute saving only: same loss, metrics and parameters as
+  one plain row per sequence."""
+  from legorl_jax.rollout import batching
+  model_def, params = setup
+  seqs = _group_sequences()
+  grouped, rest, stats = batching.make_grouped_batches(seqs, prefix_len=12, branch_len=10,
+                                                       branches=4, rows_per_batch=2)
+  assert len(grouped) == 1 and stats["sequences"] == 7 and [s.trial_id for s in rest] == ["g2s0"]
+  plain, _ = batching.make_batches([s for s in seqs if s.trial_id != "g2s0"], buckets=(24,),
+                                   rows_per_batch=7)
+  cfg = make_cfg(loss=loss, aggregation=aggregation)
+  opt = optax.sgd(0.1)
+  step = jax.jit(ts.make_train_step(model_def, opt, cfg), static_argnames=("scored_cap", "shared_prefix"))
+  arrays, layout = batching.split_layout(grouped[0])
+  assert layout == (12, 10)
+  for cap in (None, ts.scored_cap_for(arrays, 1)):
+    g_state, g_m = step(state_lib.create_train_state(params, opt), jax.tree.map(jnp.asarray, arrays),
+                        scored_cap=cap, shared_prefix=layout)
+    p_state, p_m = step(state_lib.create_train_state(params, opt), jax.tree.map(jnp.asarray, plain[0]))
+    for key in ("loss/policy", "entropy", "grad_norm"):
+      np.testing.assert_allclose(g_m[key], p_m[key], rtol=2e-5, err_msg=key)
+    for k in params:
+      np.testing.assert_allclose(g_state.params[k], p_state.params[k], atol=1e-6)
