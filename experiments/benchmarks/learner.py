@@ -79,6 +79,19 @@ def step_flops(shape: dict, batch: int, seq_len: int) -> float:
   return 6.0 * n * tokens + 12.0 * nl * h * dh * batch * seq_len ** 2
 
 
+def grouped_step_flops(shape: dict, rows: int, prefix_len: int, branch_len: int, branches: int) -> float:
+  """As ``step_flops`` for grouped rows: every slot of a row enters the matmuls; attention is
+  the prompt against itself plus each branch against the prompt and itself."""
+  d, f, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+  h, hkv, dh, nl = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"], shape["num_layers"]
+  per_layer = d * h * dh + 2 * d * hkv * dh + h * dh * d + 3 * d * f
+  n = nl * per_layer + d * v * (1 if shape["tie_word_embeddings"] else 2)
+  p, l, k = prefix_len, branch_len, branches
+  tokens = rows * (p + k * l)
+  pairs = rows * (p * p + k * l * (p + l))
+  return 6.0 * n * tokens + 12.0 * nl * h * dh * pairs
+
+
 def run_ours(args) -> dict:
   """Our learner step in this process (called with --child)."""
   import jax
@@ -87,6 +100,7 @@ def run_ours(args) -> dict:
   import numpy as np
   from legorl_jax.models import create_model, get_preset
   from legorl_jax.models.params import split_model
+  from legorl_jax.rollout import batching
   from legorl_jax.trainer import optimizer as opt_lib
   from legorl_jax.trainer import state as state_lib
   from legorl_jax.trainer import train_step as ts
@@ -105,20 +119,31 @@ def run_ours(args) -> dict:
   optimizer = opt_lib.make_optimizer(cfg.optim)
   state = state_lib.create_train_state(params, optimizer)
   step = jax.jit(ts.make_train_step(model_def, optimizer, cfg), donate_argnums=(0,),
-                 static_argnames=("scored_cap",))
+                 static_argnames=("scored_cap", "shared_prefix"))
 
   rng = np.random.default_rng(0)
-  b, t = args.batch, args.prompt_len + args.completion_len
+  b, t, tp = args.batch, args.prompt_len + args.completion_len, args.prompt_len
   ids = rng.integers(2, mcfg.vocab_size, (b, t)).astype(np.int32)
+  ids[:, :tp] = ids[(np.arange(b) // args.group) * args.group, :tp]  # a group shares its prompt
   adv = np.repeat(rng.standard_normal((b, 1)), t, 1).astype(np.float32)
   batch = {"input_ids": ids, "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)),
            "segment_ids": np.ones((b, t), np.int32),
-           "loss_mask": (np.arange(t)[None, :] >= args.prompt_len).repeat(b, 0).astype(np.float32),
+           "loss_mask": (np.arange(t)[None, :] >= tp).repeat(b, 0).astype(np.float32),
            "advantages": adv, "rollout_logp": np.zeros((b, t), np.float32)}
+  layout = None
+  if args.group > 1 and not args.unshared:
+    # As a GRPO batch reaches the learner: one row per group, the prompt computed once.
+    seqs = [batching.TrainSequence(list(ids[i]), list(batch["loss_mask"][i].astype(int)),
+                                   [0.0] * t, float(adv[i, 0])) for i in range(b)]
+    grouped, rest, _ = batching.make_grouped_batches(
+        seqs, prefix_len=tp - 1, branch_len=args.completion_len + 1, branches=args.group,
+        rows_per_batch=b // args.group)
+    assert len(grouped) == 1 and not rest
+    batch, layout = batching.split_layout(grouped[0])
   # As ``Learner.update`` does: the lm head runs only on the scored (completion) tokens.
   cap = None if args.lm_head_on_all else ts.scored_cap_for(batch, args.micro_batches)
   batch = jax.tree.map(jnp.asarray, batch)
-  run = lambda state: jax.block_until_ready(step(state, batch, scored_cap=cap))
+  run = lambda state: jax.block_until_ready(step(state, batch, scored_cap=cap, shared_prefix=layout))
 
   t0 = time.perf_counter()
   state, metrics = run(state)
@@ -139,7 +164,8 @@ def run_ours(args) -> dict:
           "matmul_peak_gflops": round(peak / 1e9, 2),
           "cpu_s_median": round(statistics.median(cpu), 4),
           "matmul_gflop_per_cpu_s": round(peak_cpu / 1e9, 2),
-          "scored_cap": cap}
+          "scored_cap": cap, "shared_prefix": layout,
+          "row_shape": list(batch["input_ids"].shape)}
 
 
 def profile_steps(run, state, profile_dir: str, n: int):
@@ -228,6 +254,11 @@ def main():
   p.add_argument("--lr", type=float, default=1e-6)
   p.add_argument("--max_grad_norm", type=float, default=1.0)
   p.add_argument("--micro_batches", type=int, default=1)
+  p.add_argument("--group", type=int, default=1,
+                 help="completions per prompt (a GRPO group); > 1: both sides get the same "
+                      "prompt repeated within each group, ours computes it once per group")
+  p.add_argument("--unshared", action="store_true",
+                 help="ours: plain rows even for groups (the prompt computed per completion)")
   p.add_argument("--remat", action="store_true", help="ours: rematerialise each block")
   p.add_argument("--matmul_n", type=int, default=2048)
   p.add_argument("--matmul_repeats", type=int, default=5)
@@ -262,7 +293,7 @@ def main():
             "--completion_len", str(args.completion_len), "--steps", str(args.steps),
             "--lr", str(args.lr), "--max_grad_norm", str(args.max_grad_norm),
             "--clip_eps", str(args.clip_eps), "--matmul_n", str(args.matmul_n),
-            "--matmul_repeats", str(args.matmul_repeats)]
+            "--matmul_repeats", str(args.matmul_repeats), "--group", str(args.group)]
   prof_root = tempfile.mkdtemp(prefix="learner_prof_") if args.profile else None
   prof = lambda side: (["--profile_dir", os.path.join(prof_root, side), "--profile_steps",
                         str(args.profile_steps)] if prof_root else [])
@@ -270,8 +301,12 @@ def main():
               "--aggregation", args.aggregation, "--micro_batches", str(args.micro_batches),
               *(["--remat"] if args.remat else []), *(["--lm_head_on_all"] if args.lm_head_on_all
                                                        else []), *prof("ours"), *common]
-  ours = _child_json(ours_cmd, env)
+  ours = _child_json(ours_cmd + (["--unshared"] if args.unshared else []), env)
   print(json.dumps(ours), file=sys.stderr, flush=True)
+  ours_unshared = None
+  if args.group > 1 and not args.unshared:  # the same batch in plain rows, for the ablation
+    ours_unshared = _child_json(ours_cmd + ["--unshared"], env)
+    print(json.dumps(ours_unshared), file=sys.stderr, flush=True)
 
   tunix = None
   if not args.skip_tunix:
@@ -288,20 +323,31 @@ def main():
       tunix = {"error": f"virtualenv setup failed: {e}"}
     print(json.dumps(tunix), file=sys.stderr, flush=True)
 
-  flops = step_flops(shape, args.batch, seq_len)
   ok = lambda r: bool(r) and "error" not in r
+  flops = step_flops(shape, args.batch, seq_len)  # as the batch is written (Tunix computes this)
+  ours_flops = flops
+  if ok(ours) and ours.get("shared_prefix"):
+    (p_len, b_len), (rows_, width) = ours["shared_prefix"], ours["row_shape"]
+    ours_flops = grouped_step_flops(shape, rows_, p_len, b_len, (width - p_len) // b_len)
   peak = ours.get("matmul_peak_gflops")
   util = util_cpu = ratio = ratio_cpu = None
   if ok(ours):
-    util = round(flops / ours["step_s_median"] / (peak * 1e9), 4)
-    util_cpu = round(flops / ours["cpu_s_median"] / (ours["matmul_gflop_per_cpu_s"] * 1e9), 4)
+    util = round(ours_flops / ours["step_s_median"] / (peak * 1e9), 4)
+    util_cpu = round(ours_flops / ours["cpu_s_median"] / (ours["matmul_gflop_per_cpu_s"] * 1e9), 4)
   if ok(ours) and ok(tunix):
     ratio = round(ours["tokens_per_s"] / tunix["tokens_per_s"], 3)
     ratio_cpu = round(tunix["cpu_s_median"] / ours["cpu_s_median"], 3)
+  sharing = None
+  if ok(ours) and ok(ours_unshared):
+    sharing = {"ratio_shared_over_unshared": round(ours["tokens_per_s"] / ours_unshared["tokens_per_s"], 3),
+               "ratio_shared_over_unshared_cpu_time": round(ours_unshared["cpu_s_median"] / ours["cpu_s_median"], 3)}
+    if ok(tunix):
+      sharing["ratio_unshared_over_tunix_cpu_time"] = round(tunix["cpu_s_median"] / ours_unshared["cpu_s_median"], 3)
 
   rows = [("side", "step s", "tokens/s", "GFLOP/s", "peak GFLOP/s", "step cpu-s",
            "GFLOP/cpu-s", "peak GFLOP/cpu-s")]
-  for name, r in (("legorl_jax", ours), ("tunix 0.1.7", tunix)):
+  for name, r in (("legorl_jax", ours), ("legorl_jax, plain rows", ours_unshared),
+                  ("tunix 0.1.7", tunix)):
     if r is None:
       continue
     if not ok(r):
@@ -318,8 +364,9 @@ def main():
   summary = {
       "benchmark": "learner", "preset": args.preset, "model_shape": shape,
       "batch": args.batch, "seq_len": seq_len, "prompt_len": args.prompt_len,
-      "completion_len": args.completion_len, "dtype": "float32", "steps": args.steps,
-      "step_gflops": round(flops / 1e9, 2),
+      "completion_len": args.completion_len, "group": args.group, "dtype": "float32",
+      "steps": args.steps,
+      "step_gflops": round(flops / 1e9, 2), "ours_step_gflops": round(ours_flops / 1e9, 2),
       "ours_tokens_per_s": ours.get("tokens_per_s"),
       "tunix_tokens_per_s": tunix.get("tokens_per_s") if tunix else None,
       "ratio_ours_over_tunix": ratio,
@@ -329,7 +376,7 @@ def main():
       "ours_utilisation_of_matmul_peak_cpu_time": util_cpu,
       "tunix_timed": tunix.get("timed") if tunix else None,
       "ours_timed": "legorl_jax.trainer.train_step.make_train_step -> jax.jit(donate_argnums=0)",
-      "ours": ours, "tunix": tunix,
+      "prompt_sharing": sharing, "ours": ours, "ours_unshared": ours_unshared, "tunix": tunix,
       "op_breakdown": ({side: op_breakdown(os.path.join(prof_root, side), args.profile_steps)
                         for side in ("ours", "tunix")} if prof_root else None),
       "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2),

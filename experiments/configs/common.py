@@ -77,6 +77,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.buckets = (512, 1024)
   c.trainer.rows_per_batch = 64
   c.trainer.pack = False
+  # Shared-prompt rows: (prefix_len, branch_len, branches, rows_per_batch); () = plain rows.
+  # A GRPO group's samples share their prompt: it is computed once per row (see
+  # batching.make_grouped_batches); trajectories that do not fit go to plain rows.
+  c.trainer.share_prompt = ()
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-4
@@ -103,6 +107,7 @@ def base_config() -> ml_collections.ConfigDict:
   # placeholder, so --config.sft.stop_at_greedy_exact=0.25 works from the command line.
   c.sft.stop_at_greedy_exact = ml_collections.config_dict.placeholder(float)
   c.sft.demos = ""               # a demos.jsonl to train on instead of collecting
+  c.sft.share_prompt = ()        # as trainer.share_prompt, for SFT steps (demos share the system prompt)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.before_after = True     # held-out evaluation before and after RL

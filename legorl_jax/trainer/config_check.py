@@ -81,7 +81,25 @@ def validate(cfg) -> None:
   if int(cfg.trainer.rows_per_batch) % int(cfg.trainer.micro_batches):
     raise errors.ConfigError(f"config trainer.micro_batches={cfg.trainer.micro_batches} must divide "
                              f"trainer.rows_per_batch={cfg.trainer.rows_per_batch}.")
+  for key in ("trainer.share_prompt", "sft.share_prompt"):
+    section, name = key.split(".")
+    if section in cfg and name in cfg[section]:
+      share_prompt_layout(cfg[section][name], key)
   sft_micro = int(cfg.sft.get("micro_batches", 1)) if "sft" in cfg else 1
   if "sft" in cfg and (sft_micro < 1 or int(cfg.sft.rows_per_batch) % sft_micro):
     raise errors.ConfigError(f"config sft.micro_batches={sft_micro} must be >= 1 and divide "
                              f"sft.rows_per_batch={cfg.sft.rows_per_batch}.")
+
+
+def share_prompt_layout(value, key: str = "trainer.share_prompt") -> tuple[int, int, int, int] | None:
+  """``(prefix_len, branch_len, branches, rows_per_batch)`` from a ``share_prompt`` config value
+  (``()`` or None: off); a malformed one is a ConfigError naming ``key``."""
+  if value is None or len(value) == 0:
+    return None
+  ok = (len(value) == 4 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and value[0] >= 1 and value[1] >= 2 and value[2] >= 2 and value[3] >= 1)
+  if not ok:
+    raise errors.ConfigError(
+        f"config {key}={tuple(value)!r} must be () or four integers (prefix_len >= 1, "
+        f"branch_len >= 2, branches >= 2, rows_per_batch >= 1), e.g. --config.{key}='(448, 192, 8, 4)'.")
+  return tuple(int(v) for v in value)

@@ -106,7 +106,7 @@ def sft_config(cfg):
                trainer={"rows_per_batch": int(cfg.sft.rows_per_batch),
                         "micro_batches": int(cfg.sft.get("micro_batches", 1)),
                         "buckets": tuple(cfg.sft.get("buckets") or cfg.trainer.buckets),
-                        "pack": False})
+                        "pack": False, "share_prompt": tuple(cfg.sft.get("share_prompt", ()))})
 
 
 def evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir, *, trials_path=None, step=0,
@@ -175,6 +175,9 @@ def _collect_demos(demo_tasks, adapter_for, tokenizer, trial_cfg, out_dir, socke
 
 def run(cfg, workdir: str) -> dict:
   config_check.validate(cfg)
+  if multihost.multi_process() and (cfg.trainer.get("share_prompt") or cfg.sft.get("share_prompt")):
+    raise errors.ConfigError("config trainer.share_prompt / sft.share_prompt are single-process "
+                             "only for now; set them to () on a multi-host run.")
   primary = distributed.is_coordinator()
   paths.makedirs(workdir)
   if primary:

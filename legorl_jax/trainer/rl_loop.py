@@ -27,7 +27,7 @@ from legorl_jax.rewards import status as st
 from legorl_jax.rollout import batching, filters
 from legorl_jax.rollout.runner import summarize
 from legorl_jax.rollout.trial import TrialConfig, TrialResult
-from legorl_jax.trainer import multihost
+from legorl_jax.trainer import config_check, multihost
 from legorl_jax.utils import paths
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,26 @@ def solve_stats(results: Sequence[TrialResult], k_values=(1,)) -> dict[str, floa
   return out
 
 
+def grouped_then_plain(seqs, cfg) -> tuple[list[dict[str, np.ndarray]], collections.Counter]:
+  """``cfg.trainer.share_prompt`` rows for the sequences that share a prompt, plain
+  (``trainer.buckets``) rows for the rest; stats of both, ``shared_*`` for the first."""
+  layout = config_check.share_prompt_layout(cfg.trainer.get("share_prompt", ()))
+  stats = collections.Counter()
+  grouped = []
+  if layout is not None:
+    p, l, k, rows = layout
+    grouped, seqs, gstats = batching.make_grouped_batches(seqs, prefix_len=p, branch_len=l,
+                                                          branches=k, rows_per_batch=rows)
+    stats["sequences"] += gstats["sequences"]
+    stats["tokens"] += gstats["unshared_tokens"]
+    stats.update({f"shared_{k}": v for k, v in gstats.items()})
+  plain, pstats = batching.make_batches(
+      seqs, buckets=tuple(cfg.trainer.buckets), rows_per_batch=int(cfg.trainer.rows_per_batch),
+      pack=bool(cfg.trainer.get("pack", False)))
+  stats.update(pstats)
+  return grouped + plain, stats
+
+
 def build_batches(results: Sequence[TrialResult], cfg, current_version: int
                   ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
   """Filters, group advantages and batching for one update. Returns (batches, metrics)."""
@@ -74,9 +94,7 @@ def build_batches(results: Sequence[TrialResult], cfg, current_version: int
       if r is None or mask[gi, ti] == 0:
         continue
       seqs += batching.sequences_from_trajectory(r.trajectory or {}, float(adv[gi, ti]), r.trial_id)
-  batches, bstats = batching.make_batches(
-      seqs, buckets=tuple(cfg.trainer.buckets), rows_per_batch=int(cfg.trainer.rows_per_batch),
-      pack=bool(cfg.trainer.get("pack", False)))
+  batches, bstats = grouped_then_plain(seqs, cfg)
   valid = grouped.valid
   metrics = {
       "reward_mean": float(grouped.rewards[valid].mean()) if valid.any() else 0.0,
@@ -89,6 +107,9 @@ def build_batches(results: Sequence[TrialResult], cfg, current_version: int
       "batch_truncated": float(bstats["truncated"]),
       "batch_updates": float(len(batches)),
   }
+  if "shared_rows" in bstats:
+    metrics["batch_shared_sequences"] = float(bstats["shared_sequences"])
+    metrics["batch_shared_tokens_computed"] = float(bstats["shared_tokens"])
   for k, v in grouped.dropped.items():
     metrics[f"dropped_{k}"] = float(v)
   if max_stale is not None:

@@ -21,6 +21,7 @@ from legorl_jax.rewards import status as st
 from legorl_jax.rollout import batching
 from legorl_jax.rollout.runner import TrialJob, run_trials
 from legorl_jax.rollout.trial import TrialConfig
+from legorl_jax.trainer import config_check, rl_loop
 from legorl_jax.trainer.policy_service import scripted_proxy
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,11 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
   several times more demonstrations per step: a small policy learns to copy names from the
   instruction only after it has seen enough of them (a sudden drop of the loss on copied
   tokens, after a number of examples rather than of tokens).
+
+  With ``trainer.share_prompt`` (``sft.share_prompt`` in a run config), every later step draws
+  ``branches * rows_per_batch`` sequences and lays them out as rows of one shared system
+  prompt and ``branches`` demonstrations (``batching.make_grouped_batches``), the prompt
+  computed once per row.
   """
   seqs = [s for d in demos for s in batching.sequences_from_trajectory(d, advantage=1.0)]
   if not seqs:
@@ -143,16 +149,22 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
     micro = int(cfg.trainer.get("micro_batches", 1))
     short_rows = max(micro, rows * buckets[0] // short_len // micro * micro)
     phases.insert(0, (_bucketed(short, [short_len]), short_rows, (short_len,)))
+  shared = config_check.share_prompt_layout(cfg.trainer.get("share_prompt", ()), "sft.share_prompt")
   last = {}
   t0 = time.perf_counter()
   for step in range(steps):
     if max_seconds is not None and time.perf_counter() - t0 >= max_seconds:
       break
     (pools, shares), n_rows, phase_buckets = phases[0] if step < short_context_steps else phases[-1]
-    pool = pools[rng.choice(len(pools), p=shares)]
-    pick = [pool[i] for i in rng.integers(0, len(pool), n_rows)]
-    batches, _ = batching.make_batches(pick, buckets=phase_buckets, rows_per_batch=n_rows,
-                                       pack=bool(cfg.trainer.get("pack", False)))
+    if shared is not None and step >= short_context_steps:
+      # rows of one system prompt and ``branches`` demonstrations each
+      pick = [seqs[i] for i in rng.integers(0, len(seqs), shared[2] * shared[3])]
+      batches, _ = rl_loop.grouped_then_plain(pick, cfg)
+    else:
+      pool = pools[rng.choice(len(pools), p=shares)]
+      pick = [pool[i] for i in rng.integers(0, len(pool), n_rows)]
+      batches, _ = batching.make_batches(pick, buckets=phase_buckets, rows_per_batch=n_rows,
+                                         pack=bool(cfg.trainer.get("pack", False)))
     last = learner.update(batches)
     last["nll"] = last.get("loss/policy", 0.0)  # REINFORCE at advantage 1 is the token NLL
     last["sft_step"] = step + 1

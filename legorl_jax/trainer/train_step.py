@@ -107,7 +107,7 @@ def _split_micro(batch: Batch, n: int) -> Batch:
   return {k: v.reshape(n, b // n, *v.shape[1:]) for k, v in batch.items() if v is not None}
 
 
-SCORED_CAP_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 5 / 8, 3 / 4)
+SCORED_CAP_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 5 / 8, 3 / 4, 7 / 8)
 
 
 def scored_cap_for(batch: dict, n_micro: int) -> int | None:

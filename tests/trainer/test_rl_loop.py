@@ -6,6 +6,7 @@ import math
 
 import ml_collections
 import numpy as np
+import pytest
 
 from experiments.configs import common
 from legorl_jax.trainer import rl_loop
@@ -105,3 +106,52 @@ def test_trial_seeds_differ_per_step_task_and_sample():
            for step in (1, 2) for g in range(3) for s in range(4)}
   assert len(seeds) == 24
   assert rl_loop.trial_seed(0, 1, 0, "t0", 0) != rl_loop.trial_seed(1, 1, 0, "t0", 0)
+
+
+def test_build_batches_shares_each_groups_prompt():
+  """With trainer.share_prompt a group's samples become branches of one row behind their
+  prompt; a trajectory too long for a branch goes to a plain row; advantages stay per sample."""
+  from legorl_jax.rollout import batching
+  cfg = common.base_config()
+  cfg.rollout.samples_per_task = 3
+  cfg.trainer.buckets, cfg.trainer.rows_per_batch, cfg.trainer.micro_batches = (32,), 2, 1
+  cfg.trainer.share_prompt = (8, 6, 3, 2)
+  traj = lambda k: {"segments": [{"token_ids": [5] * 6 + list(range(10 * k, 10 * k + 3 + k)),
+                                  "loss_mask": [0] * 6 + [1] * (3 + k),
+                                  "logprobs": [0.0] * 6 + [-0.5] * (3 + k), "train": True}]}
+  rs = [R(f"a{k}", "t0", 0, "solved" if k else "failed", float(k > 0), [3], trajectory=traj(k))
+        for k in range(3)]
+  rs[2].trajectory["segments"][0]["token_ids"][-1] = 999  # still fits: 1 + 5 tokens
+  rs += [R(f"b{k}", "t1", 1, "solved" if k else "failed", float(k > 0), [3],
+           trajectory=_traj(4, 12 if k == 0 else 3)) for k in range(3)]
+  batches, m = rl_loop.build_batches(rs, cfg, current_version=3)
+  grouped = [b for b in batches if batching.LAYOUT_KEY in b]
+  plain = [b for b in batches if batching.LAYOUT_KEY not in b]
+  assert len(grouped) == 1 and len(plain) == 1
+  assert m["batch_sequences"] == 6 and m["batch_shared_sequences"] == 5
+  g = grouped[0]
+  assert g["input_ids"].shape == (2, 8 + 3 * 6)
+  # the long trajectory of group t1 is alone in the plain row, with its own advantage
+  (row,) = np.where((plain[0]["segment_ids"] > 0).any(1))[0]
+  assert plain[0]["loss_mask"][row].sum() == 12
+  advs = []
+  for r in range(2):
+    for j in range(3):
+      sl = slice(8 + 6 * j, 8 + 6 * (j + 1))
+      live = g["segment_ids"][r, sl] > 0
+      if live.any():
+        assert len(set(g["advantages"][r, sl][live])) == 1
+        advs.append(round(float(g["advantages"][r, sl][live][0]), 4))
+  # group rewards (0, 1, 1) -> GRPO advantages (-1.414, 0.707, 0.707); t1's failed sample is
+  # the long one, in the plain row
+  assert sorted(advs) == [-1.4142, 0.7071, 0.7071, 0.7071, 0.7071]
+  np.testing.assert_allclose(plain[0]["advantages"][row][plain[0]["segment_ids"][row] > 0], -1.4142, atol=1e-4)
+
+
+def test_bad_share_prompt_names_the_key():
+  from legorl_jax import errors
+  from legorl_jax.trainer import config_check
+  cfg = common.base_config()
+  cfg.trainer.share_prompt = (8, 6, 1, 2)
+  with pytest.raises(errors.ConfigError, match="trainer.share_prompt"):
+    config_check.validate(cfg)

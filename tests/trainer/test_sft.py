@@ -115,3 +115,26 @@ def test_short_context_steps_come_first_in_short_rows_with_more_rows():
   shapes = [s[0] for s in learner.shapes]
   assert shapes[:4] == [(16, 16)] * 4  # 6 tokens -> rows of 16 (the shortest); 4 * 64 / 16 rows
   assert shapes[4:] == [(4, 64)] * 2
+
+
+def test_share_prompt_steps_are_rows_of_one_system_prompt_and_several_demos():
+  from legorl_jax.rollout import batching
+  system = list(range(50, 80))
+  demos = [_chat_demo(system, [7, 8 + k], [20 + k, 30]) for k in range(6)]  # 37 tokens each
+  learner = RecordingLearner()
+  seen = []
+  learner.update = lambda batches: seen.append(batches) or {"loss/policy": 1.0}
+  c = _cfg()
+  c.trainer.buckets = (64,)
+  c.trainer.share_prompt = (40, 8, 4, 2)
+  sft.run_sft(learner, demos, c, steps=3, seed=0)
+  for batches in seen:
+    (b,) = batches
+    assert b["input_ids"].shape == (2, 40 + 4 * 8)
+    assert tuple(b[batching.LAYOUT_KEY]) == (40, 8)
+    # every branch holds one demonstration's user message and reply, behind the 32 tokens
+    # up to it that all demonstrations share
+    for row in range(2):
+      assert sorted(set(b["segment_ids"][row]) - {0}) == [1, 2, 3, 4, 5]
+      assert (b["segment_ids"][row] == 1).sum() >= 32
+    assert b["loss_mask"].sum() == 8 * 2

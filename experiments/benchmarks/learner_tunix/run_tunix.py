@@ -47,6 +47,7 @@ def main():
   p.add_argument("--batch", type=int, required=True)
   p.add_argument("--prompt_len", type=int, required=True)
   p.add_argument("--completion_len", type=int, required=True)
+  p.add_argument("--group", type=int, default=1, help="completions per prompt (GRPO group)")
   p.add_argument("--steps", type=int, default=5)
   p.add_argument("--lr", type=float, default=1e-6)
   p.add_argument("--max_grad_norm", type=float, default=1.0)
@@ -107,6 +108,7 @@ def main():
   rng = np.random.default_rng(0)
   b, tp, tc = args.batch, args.prompt_len, args.completion_len
   ids = rng.integers(2, s["vocab_size"], (b, tp + tc)).astype(np.int32)
+  ids[:, :tp] = ids[(np.arange(b) // args.group) * args.group, :tp]  # a group shares its prompt
   adv = rng.standard_normal(b).astype(np.float32)
   example = grpo_learner.TrainExample(
       prompt_ids=jnp.asarray(ids[:, :tp]), prompt_mask=jnp.ones((b, tp), bool),
