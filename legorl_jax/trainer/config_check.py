@@ -84,7 +84,11 @@ def validate(cfg) -> None:
   for key in ("trainer.share_prompt", "sft.share_prompt"):
     section, name = key.split(".")
     if section in cfg and name in cfg[section]:
-      share_prompt_layout(cfg[section][name], key)
+      layout = share_prompt_layout(cfg[section][name], key)
+      micro = int(cfg[section].get("micro_batches", 1))
+      if layout is not None and layout[3] % micro:
+        raise errors.ConfigError(f"config {section}.micro_batches={micro} must divide the rows per "
+                                 f"batch of {key}={tuple(layout)!r} (its fourth number).")
   sft_micro = int(cfg.sft.get("micro_batches", 1)) if "sft" in cfg else 1
   if "sft" in cfg and (sft_micro < 1 or int(cfg.sft.rows_per_batch) % sft_micro):
     raise errors.ConfigError(f"config sft.micro_batches={sft_micro} must be >= 1 and divide "
