@@ -31,13 +31,13 @@ def get_config():
   c.sft.steps = 300
   c.sft.check_demos = 32
   c.sft.check_every = 50
-  c.sft.rows_per_batch = 16
+  c.sft.rows_per_batch = 2       # plain rows: only demonstrations too long for a branch
   c.sft.buckets = (512, 640)
   c.sft.micro_batches = 2
-  c.sft.share_prompt = (288, 256, 8, 2)   # system prompt (~280 tokens) + 8 demos per row, 2 rows
+  c.sft.share_prompt = (288, 272, 8, 2)   # system prompt (~280 tokens) + 8 demos per row, 2 rows
   c.trainer.pack = True
   c.trainer.buckets = (1024,)
-  c.trainer.rows_per_batch = 40
+  c.trainer.rows_per_batch = 4   # plain (packed) rows: only trajectories too long for a branch
   c.trainer.micro_batches = 2
   c.trainer.share_prompt = (384, 256, 8, 8)  # task prompt + its 8 samples per row, 8 groups
   c.rollout.tasks_per_step = 8

@@ -184,8 +184,17 @@ def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, bran
         "grouped batches need prefix_len >= 1, branch_len >= 2, branches >= 2, "
         "rows_per_batch >= 1 and min_shared >= 2.")
   stats = collections.Counter()
-  order = sorted((s for s in seqs if any(s.loss_mask)), key=lambda s: s.token_ids)
   rows, rest = [], []
+  order = []
+  for s in seqs:
+    if not any(s.loss_mask):
+      continue
+    # the longest prompt this sequence could share leaves it too long for a branch
+    if len(s.token_ids) - min(_first_trained(s), prefix_len + 1) + 1 > branch_len:
+      rest.append(s)
+    else:
+      order.append(s)
+  order.sort(key=lambda s: s.token_ids)
   members, shared = [], 0
 
   def close():
@@ -208,9 +217,6 @@ def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, bran
     close()
     members = [s]
     shared = min(_first_trained(s), prefix_len + 1)
-    if len(s.token_ids) - shared + 1 > branch_len:  # cannot be a branch at all
-      rest.append(s)
-      members, shared = [], 0
   close()
   empty = _grouped_row([], 1, prefix_len, branch_len, branches)
   batches = []
