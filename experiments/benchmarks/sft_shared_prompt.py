@@ -45,6 +45,8 @@ def main():
   p.add_argument("--steps", type=int, default=20, help="timed steps per layout (after 3 warm-up)")
   p.add_argument("--branches", type=int, default=8)
   p.add_argument("--rows", type=int, default=2, help="shared rows per step")
+  p.add_argument("--plain_micro", type=int, default=1, help="micro-batches of a plain step")
+  p.add_argument("--shared_micro", type=int, default=1, help="micro-batches of a shared step")
   args = p.parse_args()
 
   from experiments.configs import demo
@@ -73,7 +75,7 @@ def main():
   for mode in ("plain", "shared"):
     c = pipeline.sft_config(cfg)
     c.trainer.rows_per_batch = per_step
-    c.trainer.micro_batches = 1
+    c.trainer.micro_batches = args.plain_micro if mode == "plain" else args.shared_micro
     c.trainer.share_prompt = ((common - 1, branch, args.branches, args.rows) if mode == "shared"
                               else ())
     learner = Learner(model, c, seed=0)
@@ -98,6 +100,7 @@ def main():
       "benchmark": "sft_shared_prompt", "demos": len(seqs), "collect_s": round(collect_s, 1),
       "demo_tokens_mean": round(sum(len(s.token_ids) for s in seqs) / len(seqs), 1),
       "common_prefix_tokens": common, "demos_per_step": per_step, "buckets": list(cfg.sft.buckets),
+      "micro_batches": {"plain": args.plain_micro, "shared": args.shared_micro},
       "plain": results["plain"], "shared": results["shared"],
       "ratio_wall": round(results["plain"]["s_per_step_median"] / results["shared"]["s_per_step_median"], 3),
       "ratio_cpu": round(results["plain"]["cpu_s_per_step_median"]

@@ -6,12 +6,8 @@ Sized for a 2-core machine and ~20 minutes. Training tasks are renamed variants 
 synthetic templates (``tasks.variants``), so the tiny policy cannot memorise file paths and
 lines and has to copy names from the instruction. Held-out tasks are repositories under names
 no training task uses (``tasks.held_out = "names"``); held-out *templates* are beyond a 1.8M
-parameter policy after minutes of SFT (see BENCHMARKS.md).
-
-Rows share prompts (``share_prompt``): an SFT row holds the harness's system prompt once and
-eight demonstrations behind it; an RL row holds one task's prompt once and its eight samples
-(a GRPO group), one update per step. A trajectory too long for a branch goes to a plain
-(packed, 1024-token) row.
+parameter policy after minutes of SFT (see BENCHMARKS.md). RL rows are packed two to three
+trajectories per 1024-token row, one update per step.
 """
 
 from experiments.configs import common
@@ -31,15 +27,13 @@ def get_config():
   c.sft.steps = 300
   c.sft.check_demos = 32
   c.sft.check_every = 50
-  c.sft.rows_per_batch = 2       # plain rows: only demonstrations too long for a branch
+  c.sft.rows_per_batch = 16
   c.sft.buckets = (512, 640)
-  c.sft.micro_batches = 2
-  c.sft.share_prompt = (288, 272, 8, 2)   # system prompt (~280 tokens) + 8 demos per row, 2 rows
+  c.sft.micro_batches = 4
   c.trainer.pack = True
   c.trainer.buckets = (1024,)
-  c.trainer.rows_per_batch = 4   # plain (packed) rows: only trajectories too long for a branch
+  c.trainer.rows_per_batch = 40
   c.trainer.micro_batches = 2
-  c.trainer.share_prompt = (384, 256, 8, 8)  # task prompt + its 8 samples per row, 8 groups
   c.rollout.tasks_per_step = 8
   c.rollout.samples_per_task = 8
   c.trainer.steps = 10
