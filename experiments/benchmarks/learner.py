@@ -33,7 +33,12 @@ the matmul's FLOP per CPU-second.
 op time spent in matmuls, layout copies, elementwise ops and loops (``op_breakdown``); on a
 loaded machine those op times include descheduling, so only the shares are meaningful.
 
+``--group K`` makes each K consecutive rows one GRPO group (their prompts equal, on both
+sides); ours then computes each group's prompt once (``trainer.share_prompt`` rows) and also
+runs the same batch on plain rows (``ours_unshared``) to show the sharing alone.
+
   JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py              # both sides
+  JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py --group 4    # one group of 4
   JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py --skip_tunix # ours only
 """
 

@@ -218,3 +218,30 @@ def test_grouped_batch_gives_same_update_as_plain_rows(setup, loss, aggregation)
       np.testing.assert_allclose(g_m[key], p_m[key], rtol=2e-5, err_msg=key)
     for k in params:
       np.testing.assert_allclose(g_state.params[k], p_state.params[k], atol=1e-6)
+
+
+def test_learner_takes_grouped_and_plain_batches_in_one_update(setup):
+  """``Learner.update`` reads each batch's layout: a grouped batch plus a plain batch of the
+  leftovers give the same parameters as plain rows for all sequences, split the same way."""
+  from legorl_jax.models import create_model
+  from legorl_jax.rollout import batching
+  from legorl_jax.trainer.learner import Learner
+  seqs = _group_sequences(seed=1)
+  cfg = make_cfg(loss="grpo")
+  cfg.optim.eps = 1.0  # Adam update ~ lr * g: gradient rounding stays rounding-sized
+  grouped, rest, _ = batching.make_grouped_batches(seqs, prefix_len=12, branch_len=10, branches=4,
+                                                   rows_per_batch=2)
+  rest_batches, _ = batching.make_batches(rest, buckets=(24,), rows_per_batch=2)
+  shared_seqs = [s for s in seqs if s not in rest]
+  plain_first, _ = batching.make_batches(shared_seqs, buckets=(24,), rows_per_batch=8)
+  a = Learner(create_model(CFG, seed=0), cfg)
+  b = Learner(create_model(CFG, seed=0), cfg)
+  ma = a.update(grouped + rest_batches)
+  mb = b.update(plain_first + rest_batches)
+  np.testing.assert_allclose(ma["loss/policy"], mb["loss/policy"], rtol=1e-5)
+  pa, pb = a.params_copy(), b.params_copy()
+  for k in pa:
+    np.testing.assert_allclose(np.asarray(pa[k]), np.asarray(pb[k]), atol=2e-6)
+  # logprobs of a grouped batch land on its branch tokens, as for the plain rows
+  lg, _ = a.logprobs(grouped[0])
+  assert lg.shape == grouped[0]["input_ids"].shape
