@@ -171,29 +171,22 @@ def attend_grouped(q, k, v, mask: GroupedMask):
   """``attend`` over a grouped row (see ``GroupedMask``): q [B, P + K*L, H, Dh], k, v
   [B, P + K*L, Hkv, Dh] -> [B, P + K*L, H, Dh].
 
-  Branch queries score against the prompt's keys (one GEMM for all branches) and against
-  their own branch's keys; one float32 softmax runs over both blocks. Work per branch token
-  is O(P + L), not O(P + K*L) as in a dense mask over the row.
+  Branch queries score against the prompt's keys and their own branch's keys (one softmax
+  over both). Work per branch token is O(P + L), not O(P + K*L) as in a dense mask over the
+  row.
   """
   p = mask.prefix.shape[-1]
   b, nb, l = mask.branch.shape[:3]
   h, dh = q.shape[2:]
   hkv = k.shape[2]
-  g = h // hkv
-  low = jnp.finfo(jnp.float32).min
   out_p = attend(q[:, :p], k[:, :p], v[:, :p], mask.prefix)
-  qb, kp, vp = q[:, p:], k[:, :p], v[:, :p]
-  s_prompt = jnp.where(mask.to_prefix[:, None, None], _scores(qb, kp), low)  # [B,Hkv,G,K*L,P]
-  s_own = _scores(qb.reshape(b * nb, l, h, dh), k[:, p:].reshape(b * nb, l, hkv, dh))
-  s_own = jnp.where(mask.branch.reshape(b * nb, l, l)[:, None, None], s_own, low)
-  s_own = s_own.reshape(b, nb, hkv, g, l, l).transpose(0, 2, 3, 1, 4, 5).reshape(b, hkv, g, nb * l, l)
-  top = jnp.maximum(s_prompt.max(-1, keepdims=True), s_own.max(-1, keepdims=True))
-  e_prompt, e_own = jnp.exp(s_prompt - top), jnp.exp(s_own - top)
-  inv = 1.0 / (e_prompt.sum(-1, keepdims=True) + e_own.sum(-1, keepdims=True))
-  out_b = _mix((e_prompt * inv).astype(v.dtype), vp)  # [B, K*L, H, Dh]
-  p_own = (e_own * inv).astype(v.dtype).reshape(b, hkv, g, nb, l, l).transpose(0, 3, 1, 2, 4, 5)
-  out_own = _mix(p_own.reshape(b * nb, hkv, g, l, l), v[:, p:].reshape(b * nb, l, hkv, dh))
-  out_b = out_b + out_own.reshape(b, nb * l, h, dh)
+  # Each branch attends to [prompt keys | own keys]: the prompt's K/V are repeated per branch
+  # (small next to the scores), so one plain attention call covers every branch.
+  qb = q[:, p:].reshape(b * nb, l, h, dh)
+  kb = jnp.concatenate([jnp.repeat(k[:, :p], nb, axis=0), k[:, p:].reshape(b * nb, l, hkv, dh)], 1)
+  vb = jnp.concatenate([jnp.repeat(v[:, :p], nb, axis=0), v[:, p:].reshape(b * nb, l, hkv, dh)], 1)
+  mb = jnp.concatenate([mask.to_prefix.reshape(b * nb, l, p), mask.branch.reshape(b * nb, l, l)], -1)
+  out_b = attend(qb, kb, vb, mb).reshape(b, nb * l, h, dh)
   return jnp.concatenate([out_p, out_b], axis=1)
 
 
