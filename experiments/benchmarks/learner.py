@@ -275,6 +275,8 @@ def main():
   p.add_argument("--profile_steps", type=int, default=2)
   p.add_argument("--profile_dir", default=None, help=argparse.SUPPRESS)
   p.add_argument("--skip_tunix", action="store_true")
+  p.add_argument("--rounds", type=int, default=1,
+                 help="repeat all sides this many times; ratios are medians of per-round ratios")
   p.add_argument("--venv", default=DEFAULT_VENV)
   p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args()
@@ -306,28 +308,33 @@ def main():
               "--aggregation", args.aggregation, "--micro_batches", str(args.micro_batches),
               *(["--remat"] if args.remat else []), *(["--lm_head_on_all"] if args.lm_head_on_all
                                                        else []), *prof("ours"), *common]
-  ours = _child_json(ours_cmd + (["--unshared"] if args.unshared else []), env)
-  print(json.dumps(ours), file=sys.stderr, flush=True)
-  ours_unshared = None
-  if args.group > 1 and not args.unshared:  # the same batch in plain rows, for the ablation
-    ours_unshared = _child_json(ours_cmd + ["--unshared"], env)
-    print(json.dumps(ours_unshared), file=sys.stderr, flush=True)
+  def one_round():
+    ours = _child_json(ours_cmd + (["--unshared"] if args.unshared else []), env)
+    print(json.dumps(ours), file=sys.stderr, flush=True)
+    ours_unshared = None
+    if args.group > 1 and not args.unshared:  # the same batch in plain rows, for the ablation
+      ours_unshared = _child_json(ours_cmd + ["--unshared"], env)
+      print(json.dumps(ours_unshared), file=sys.stderr, flush=True)
+    tunix = None
+    if not args.skip_tunix:
+      try:
+        py = ensure_venv(args.venv)
+        agg = {"seq-mean-token-mean": "sequence-mean-token-mean"}.get(args.aggregation,
+                                                                        args.aggregation)
+        tenv = dict(env)
+        tenv.pop("PYTHONPATH", None)
+        tunix = _child_json([py, os.path.join(HERE, "learner_tunix", "run_tunix.py"),
+                             "--shape", json.dumps(shape), "--aggregation", agg, *prof("tunix"),
+                             *common], tenv)
+      except subprocess.CalledProcessError as e:
+        tunix = {"error": f"virtualenv setup failed: {e}"}
+      print(json.dumps(tunix), file=sys.stderr, flush=True)
+    return ours, ours_unshared, tunix
 
-  tunix = None
-  if not args.skip_tunix:
-    try:
-      py = ensure_venv(args.venv)
-      agg = {"seq-mean-token-mean": "sequence-mean-token-mean"}.get(args.aggregation,
-                                                                      args.aggregation)
-      tenv = dict(env)
-      tenv.pop("PYTHONPATH", None)
-      tunix = _child_json([py, os.path.join(HERE, "learner_tunix", "run_tunix.py"),
-                           "--shape", json.dumps(shape), "--aggregation", agg, *prof("tunix"),
-                           *common], tenv)
-    except subprocess.CalledProcessError as e:
-      tunix = {"error": f"virtualenv setup failed: {e}"}
-    print(json.dumps(tunix), file=sys.stderr, flush=True)
-
+  # Several rounds of all sides back to back: the machine's speed drifts by 2x over minutes,
+  # so each round's ratio is taken within the round and the median over rounds reported.
+  rounds = [one_round() for _ in range(max(1, args.rounds))]
+  ours, ours_unshared, tunix = rounds[-1]
   ok = lambda r: bool(r) and "error" not in r
   flops = step_flops(shape, args.batch, seq_len)  # as the batch is written (Tunix computes this)
   ours_flops = flops
@@ -339,9 +346,16 @@ def main():
   if ok(ours):
     util = round(ours_flops / ours["step_s_median"] / (peak * 1e9), 4)
     util_cpu = round(ours_flops / ours["cpu_s_median"] / (ours["matmul_gflop_per_cpu_s"] * 1e9), 4)
-  if ok(ours) and ok(tunix):
-    ratio = round(ours["tokens_per_s"] / tunix["tokens_per_s"], 3)
-    ratio_cpu = round(tunix["cpu_s_median"] / ours["cpu_s_median"], 3)
+  per_round = []
+  for o, u, t in rounds:
+    if ok(o) and ok(t):
+      per_round.append({"ours_s": o["step_s_median"], "tunix_s": t["step_s_median"],
+                        "ours_unshared_s": u["step_s_median"] if ok(u) else None,
+                        "ratio_wall": round(t["step_s_median"] / o["step_s_median"], 3),
+                        "ratio_cpu": round(t["cpu_s_median"] / o["cpu_s_median"], 3)})
+  if per_round:
+    ratio = round(statistics.median(r["ratio_wall"] for r in per_round), 3)
+    ratio_cpu = round(statistics.median(r["ratio_cpu"] for r in per_round), 3)
   sharing = None
   if ok(ours) and ok(ours_unshared):
     sharing = {"ratio_shared_over_unshared": round(ours["tokens_per_s"] / ours_unshared["tokens_per_s"], 3),
@@ -376,6 +390,7 @@ def main():
       "tunix_tokens_per_s": tunix.get("tokens_per_s") if tunix else None,
       "ratio_ours_over_tunix": ratio,
       "ratio_ours_over_tunix_cpu_time": ratio_cpu,
+      "rounds": per_round,  # ratios above: medians over these (the table: the last round)
       "matmul_peak_gflops": peak, "matmul_n": args.matmul_n,
       "ours_utilisation_of_matmul_peak": util,
       "ours_utilisation_of_matmul_peak_cpu_time": util_cpu,
