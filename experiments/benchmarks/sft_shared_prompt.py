@@ -65,9 +65,8 @@ def main():
   if len(seqs) < 2:
     raise SystemExit("need at least two demonstrations")
   first = seqs[0].token_ids
-  common = min(next((i for i, (a, b) in enumerate(zip(first, s.token_ids)) if a != b),
-                    min(len(first), len(s.token_ids))) for s in seqs[1:])
-  common = min(common, min(next(i for i, m in enumerate(s.loss_mask) if m) for s in seqs))
+  common = min(min(batching._common_prefix(first, s.token_ids, len(first)), batching._first_trained(s))
+               for s in seqs)
   branch = -(-(max(len(s.token_ids) for s in seqs) - common + 1) // 8) * 8
   per_step = args.branches * args.rows
   model, _ = pipeline.build_policy(cfg)
