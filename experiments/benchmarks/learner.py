@@ -33,6 +33,11 @@ the matmul's FLOP per CPU-second.
 op time spent in matmuls, layout copies, elementwise ops and loops (``op_breakdown``); on a
 loaded machine those op times include descheduling, so only the shares are meaningful.
 
+Ours is compiled with the learner's XLA options (``trainer.cpu_library_fusion``: on CPU, only
+matmuls go to XLA's YNNPACK library; ``--cpu_library_fusion=xla_default`` turns that off).
+Tunix runs as installed; ``--tunix_same_xla_options`` adds a Tunix run per round with the same
+option through ``XLA_FLAGS``, reported as ``ratio_ours_over_tunix_same_xla_options``.
+
 ``--group K`` makes each K consecutive rows one GRPO group (their prompts equal, on both
 sides); ours then computes each group's prompt once (``trainer.share_prompt`` rows) and also
 runs the same batch on plain rows (``ours_unshared``) to show the sharing alone.
@@ -106,6 +111,7 @@ def run_ours(args) -> dict:
   from legorl_jax.models import create_model, get_preset
   from legorl_jax.models.params import split_model
   from legorl_jax.rollout import batching
+  from legorl_jax.trainer import compile_options
   from legorl_jax.trainer import optimizer as opt_lib
   from legorl_jax.trainer import state as state_lib
   from legorl_jax.trainer import train_step as ts
@@ -117,14 +123,17 @@ def run_ours(args) -> dict:
       name="grpo", temperature=1.0, aggregation=args.aggregation, clip_eps_low=args.clip_eps,
       clip_eps_high=args.clip_eps, vf_coef=0.0))
   cfg.trainer = ml_collections.ConfigDict(dict(micro_batches=args.micro_batches,
-                                               logprob_impl="xla"))
+                                               logprob_impl="xla",
+                                               cpu_library_fusion=args.cpu_library_fusion))
   cfg.optim = ml_collections.ConfigDict(dict(learning_rate=args.lr, schedule="constant",
                                              max_grad_norm=args.max_grad_norm))
   model_def, params = split_model(create_model(mcfg, seed=0))
   optimizer = opt_lib.make_optimizer(cfg.optim)
   state = state_lib.create_train_state(params, optimizer)
+  # As ``Learner`` jits it, with the learner's XLA compile options.
+  xla_options = compile_options.learner_compiler_options(cfg.trainer)
   step = jax.jit(ts.make_train_step(model_def, optimizer, cfg), donate_argnums=(0,),
-                 static_argnames=("scored_cap", "shared_prefix"))
+                 static_argnames=("scored_cap", "shared_prefix"), compiler_options=xla_options)
 
   rng = np.random.default_rng(0)
   b, t, tp = args.batch, args.prompt_len + args.completion_len, args.prompt_len
@@ -169,7 +178,7 @@ def run_ours(args) -> dict:
           "matmul_peak_gflops": round(peak / 1e9, 2),
           "cpu_s_median": round(statistics.median(cpu), 4),
           "matmul_gflop_per_cpu_s": round(peak_cpu / 1e9, 2),
-          "scored_cap": cap, "shared_prefix": layout,
+          "scored_cap": cap, "shared_prefix": layout, "compiler_options": xla_options,
           "row_shape": list(batch["input_ids"].shape)}
 
 
@@ -224,6 +233,10 @@ def op_breakdown(profile_dir: str, steps: int) -> dict | None:
           "top_ops": {k: round(v, 4) for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:12]}}
 
 
+# ``trainer.cpu_library_fusion`` as an XLA_FLAGS entry, for the Tunix child.
+TUNIX_SAME_XLA_FLAGS = {"dot": "--xla_cpu_experimental_ynn_fusion_type=dot", "xla_default": None}
+
+
 def ensure_venv(venv: str) -> str:
   """Creates (once) a virtualenv holding google-tunix 0.1.7 with CPU jax; returns its python."""
   py = os.path.join(venv, "bin", "python")
@@ -275,6 +288,11 @@ def main():
   p.add_argument("--profile_steps", type=int, default=2)
   p.add_argument("--profile_dir", default=None, help=argparse.SUPPRESS)
   p.add_argument("--skip_tunix", action="store_true")
+  p.add_argument("--cpu_library_fusion", default="dot", choices=("dot", "xla_default"),
+                 help="ours: trainer.cpu_library_fusion (which fusions XLA:CPU hands to YNNPACK)")
+  p.add_argument("--tunix_same_xla_options", action="store_true",
+                 help="each round also runs Tunix with our learner's XLA:CPU option (through "
+                      "XLA_FLAGS), to separate that option from the rest of the difference")
   p.add_argument("--rounds", type=int, default=1,
                  help="repeat all sides this many times; ratios are medians of per-round ratios")
   p.add_argument("--venv", default=DEFAULT_VENV)
@@ -306,6 +324,7 @@ def main():
                         str(args.profile_steps)] if prof_root else [])
   ours_cmd = [sys.executable, os.path.abspath(__file__), "--child", "--preset", args.preset,
               "--aggregation", args.aggregation, "--micro_batches", str(args.micro_batches),
+              "--cpu_library_fusion", args.cpu_library_fusion,
               *(["--remat"] if args.remat else []), *(["--lm_head_on_all"] if args.lm_head_on_all
                                                        else []), *prof("ours"), *common]
   def one_round():
@@ -315,26 +334,33 @@ def main():
     if args.group > 1 and not args.unshared:  # the same batch in plain rows, for the ablation
       ours_unshared = _child_json(ours_cmd + ["--unshared"], env)
       print(json.dumps(ours_unshared), file=sys.stderr, flush=True)
-    tunix = None
-    if not args.skip_tunix:
+    def run_tunix(xla_flags=None, profile=()):
       try:
         py = ensure_venv(args.venv)
         agg = {"seq-mean-token-mean": "sequence-mean-token-mean"}.get(args.aggregation,
                                                                         args.aggregation)
         tenv = dict(env)
         tenv.pop("PYTHONPATH", None)
-        tunix = _child_json([py, os.path.join(HERE, "learner_tunix", "run_tunix.py"),
-                             "--shape", json.dumps(shape), "--aggregation", agg, *prof("tunix"),
-                             *common], tenv)
+        if xla_flags:
+          tenv["XLA_FLAGS"] = (tenv.get("XLA_FLAGS", "") + " " + xla_flags).strip()
+        out = _child_json([py, os.path.join(HERE, "learner_tunix", "run_tunix.py"),
+                           "--shape", json.dumps(shape), "--aggregation", agg, *profile,
+                           *common], tenv)
       except subprocess.CalledProcessError as e:
-        tunix = {"error": f"virtualenv setup failed: {e}"}
-      print(json.dumps(tunix), file=sys.stderr, flush=True)
-    return ours, ours_unshared, tunix
+        out = {"error": f"virtualenv setup failed: {e}"}
+      print(json.dumps(out), file=sys.stderr, flush=True)
+      return out
+    tunix = tunix_same = None
+    if not args.skip_tunix:
+      tunix = run_tunix(profile=prof("tunix"))
+      if args.tunix_same_xla_options:
+        tunix_same = run_tunix(TUNIX_SAME_XLA_FLAGS.get(args.cpu_library_fusion))
+    return ours, ours_unshared, tunix, tunix_same
 
   # Several rounds of all sides back to back: the machine's speed drifts by 2x over minutes,
   # so each round's ratio is taken within the round and the median over rounds reported.
   rounds = [one_round() for _ in range(max(1, args.rounds))]
-  ours, ours_unshared, tunix = rounds[-1]
+  ours, ours_unshared, tunix, tunix_same = rounds[-1]
   ok = lambda r: bool(r) and "error" not in r
   flops = step_flops(shape, args.batch, seq_len)  # as the batch is written (Tunix computes this)
   ours_flops = flops
@@ -347,15 +373,25 @@ def main():
     util = round(ours_flops / ours["step_s_median"] / (peak * 1e9), 4)
     util_cpu = round(ours_flops / ours["cpu_s_median"] / (ours["matmul_gflop_per_cpu_s"] * 1e9), 4)
   per_round = []
-  for o, u, t in rounds:
+  for o, u, t, ts_ in rounds:
     if ok(o) and ok(t):
       per_round.append({"ours_s": o["step_s_median"], "tunix_s": t["step_s_median"],
                         "ours_unshared_s": u["step_s_median"] if ok(u) else None,
                         "ratio_wall": round(t["step_s_median"] / o["step_s_median"], 3),
                         "ratio_cpu": round(t["cpu_s_median"] / o["cpu_s_median"], 3)})
+      if ok(ts_):
+        per_round[-1].update(
+            tunix_same_options_s=ts_["step_s_median"],
+            ratio_wall_same_options=round(ts_["step_s_median"] / o["step_s_median"], 3),
+            ratio_cpu_same_options=round(ts_["cpu_s_median"] / o["cpu_s_median"], 3))
   if per_round:
     ratio = round(statistics.median(r["ratio_wall"] for r in per_round), 3)
     ratio_cpu = round(statistics.median(r["ratio_cpu"] for r in per_round), 3)
+  same = [r for r in per_round if "ratio_cpu_same_options" in r]
+  ratio_same = ratio_cpu_same = None
+  if same:
+    ratio_same = round(statistics.median(r["ratio_wall_same_options"] for r in same), 3)
+    ratio_cpu_same = round(statistics.median(r["ratio_cpu_same_options"] for r in same), 3)
   sharing = None
   if ok(ours) and ok(ours_unshared):
     sharing = {"ratio_shared_over_unshared": round(ours["tokens_per_s"] / ours_unshared["tokens_per_s"], 3),
@@ -366,7 +402,7 @@ def main():
   rows = [("side", "step s", "tokens/s", "GFLOP/s", "peak GFLOP/s", "step cpu-s",
            "GFLOP/cpu-s", "peak GFLOP/cpu-s")]
   for name, r in (("legorl_jax", ours), ("legorl_jax, plain rows", ours_unshared),
-                  ("tunix 0.1.7", tunix)):
+                  ("tunix 0.1.7", tunix), ("tunix 0.1.7, our XLA option", tunix_same)):
     if r is None:
       continue
     if not ok(r):
@@ -390,6 +426,8 @@ def main():
       "tunix_tokens_per_s": tunix.get("tokens_per_s") if tunix else None,
       "ratio_ours_over_tunix": ratio,
       "ratio_ours_over_tunix_cpu_time": ratio_cpu,
+      "ratio_ours_over_tunix_same_xla_options": ratio_same,
+      "ratio_ours_over_tunix_same_xla_options_cpu_time": ratio_cpu_same,
       "rounds": per_round,  # ratios above: medians over these (the table: the last round)
       "matmul_peak_gflops": peak, "matmul_n": args.matmul_n,
       "ours_utilisation_of_matmul_peak": util,
@@ -397,6 +435,7 @@ def main():
       "tunix_timed": tunix.get("timed") if tunix else None,
       "ours_timed": "legorl_jax.trainer.train_step.make_train_step -> jax.jit(donate_argnums=0)",
       "prompt_sharing": sharing, "ours": ours, "ours_unshared": ours_unshared, "tunix": tunix,
+      "tunix_same_xla_options": tunix_same,
       "op_breakdown": ({side: op_breakdown(os.path.join(prof_root, side), args.profile_steps)
                         for side in ("ours", "tunix")} if prof_root else None),
       "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2),

@@ -74,6 +74,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.steps = 12
   c.trainer.micro_batches = 8    # bounds activation memory: rows_per_batch / 8 rows at a time
   c.trainer.logprob_impl = "xla"
+  c.trainer.cpu_library_fusion = "dot"  # XLA:CPU's YNNPACK runs matmuls only ("xla_default": all)
   c.trainer.buckets = (512, 1024)
   c.trainer.rows_per_batch = 64
   c.trainer.pack = False

@@ -9,6 +9,7 @@ from legorl_jax import errors
 from legorl_jax.rl.advantages import ADVANTAGE_ESTIMATORS
 from legorl_jax.rl.losses import POLICY_LOSSES
 from legorl_jax.rollout.filters import OVERLONG_MODES
+from legorl_jax.trainer import compile_options
 
 _CHOICES = {
     "trainer.mode": ("sync", "async"),
@@ -58,6 +59,7 @@ def validate(cfg) -> None:
       raise errors.ConfigError(f"config {key}={_get(cfg, key)!r} must be >= 0.")
   for key in ("loss.temperature", "sampling.temperature"):
     _number(cfg, key)
+  compile_options.learner_compiler_options(cfg.trainer, backend="cpu")  # names a bad value
   if cfg.loss.name not in POLICY_LOSSES:
     raise errors.ConfigError(f"config loss.name={cfg.loss.name!r} is invalid; choose one of "
                              f"{sorted(POLICY_LOSSES)}.")

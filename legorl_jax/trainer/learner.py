@@ -17,6 +17,7 @@ import numpy as np
 from legorl_jax.models.params import split_model
 from legorl_jax.rollout import batching
 from legorl_jax.sharding import make_mesh
+from legorl_jax.trainer import compile_options
 from legorl_jax.trainer import optimizer as opt_lib
 from legorl_jax.trainer import state as state_lib
 from legorl_jax.trainer import train_step as ts
@@ -54,6 +55,7 @@ class Learner:
     mesh_cfg = cfg.get("mesh", None)
     self.mesh = None
     step_fn = ts.make_train_step(self.model_def, self.optimizer, cfg)
+    self.compiler_options = compile_options.learner_compiler_options(cfg.trainer)
     if mesh_cfg is not None and jax.device_count() > 1:
       self.mesh = make_mesh(mesh_cfg.get("data", 1), mesh_cfg.get("fsdp", -1), mesh_cfg.get("tensor", 1))
       self.state_sh = state_lib.state_shardings(state, self.model_def, self.mesh)
@@ -64,11 +66,13 @@ class Learner:
     else:
       self.state_sh = None
       self._step = jax.jit(step_fn, donate_argnums=(0,),
-                           static_argnames=("scored_cap", "shared_prefix"))
+                           static_argnames=("scored_cap", "shared_prefix"),
+                           compiler_options=self.compiler_options)
     self.state = state
     self._logprob = jax.jit(ts.make_logprob_fn(
         self.model_def, temperature=float(cfg.loss.get("temperature", 1.0)),
-        impl=cfg.trainer.get("logprob_impl", None)), static_argnames=("shared_prefix",))
+        impl=cfg.trainer.get("logprob_impl", None)), static_argnames=("shared_prefix",),
+        compiler_options=self.compiler_options)
 
   @property
   def step(self) -> int:
@@ -83,7 +87,8 @@ class Learner:
     if key not in self._sharded_steps:  # batch shardings depend on keys and ranks only
       self._sharded_steps[key] = ts.jit_train_step(
           functools.partial(self._step_fn, scored_cap=cap, shared_prefix=layout),
-          self.state_sh, ts.batch_shardings(batch, self.mesh))
+          self.state_sh, ts.batch_shardings(batch, self.mesh),
+          compiler_options=self.compiler_options)
     return self._sharded_steps[key]
 
   def update(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:

@@ -232,7 +232,8 @@ class GlobalUpdater:
       self._jits[key] = jax.jit(
           lambda state, batch: step_fn(state, batch, scored_cap=cap),
           in_shardings=(self.learner.state_sh, ts.batch_shardings(gb, self.mesh)),
-          out_shardings=(self.learner.state_sh, None), donate_argnums=(0,))
+          out_shardings=(self.learner.state_sh, None), donate_argnums=(0,),
+          compiler_options=self.learner.compiler_options)
     return self._jits[key]
 
   def _old_logp(self, gb: dict[str, jax.Array]) -> jax.Array:
@@ -240,7 +241,8 @@ class GlobalUpdater:
       sh = distributed.batch_sharding(self.mesh, 2)
       self._logprob = jax.jit(ts.make_logprob_fn(
           self.learner.model_def, temperature=float(self.cfg.loss.get("temperature", 1.0)),
-          impl=self.cfg.trainer.get("logprob_impl", None)), out_shardings=(sh, sh))
+          impl=self.cfg.trainer.get("logprob_impl", None)), out_shardings=(sh, sh),
+          compiler_options=self.learner.compiler_options)
     return self._logprob(self.learner.state.params, gb)[0]
 
   def update(self, batches: list[dict[str, np.ndarray]], replicated: bool = False

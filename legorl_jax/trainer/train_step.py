@@ -229,8 +229,13 @@ def batch_shardings(batch: Batch, mesh: Mesh) -> dict[str, NamedSharding]:
   return {k: NamedSharding(mesh, P(axes, *([None] * (v.ndim - 1)))) for k, v in batch.items()}
 
 
-def jit_train_step(train_step, state_sh: TrainState, batch_sh, ref_sh=None):
-  """Jits with explicit shardings and a donated state (updated in place on device)."""
+def jit_train_step(train_step, state_sh: TrainState, batch_sh, ref_sh=None,
+                   compiler_options: dict | None = None):
+  """Jits with explicit shardings and a donated state (updated in place on device).
+
+  ``compiler_options``: see ``compile_options.learner_compiler_options``.
+  """
   in_sh = (state_sh, batch_sh) if ref_sh is None else (state_sh, batch_sh, ref_sh)
   return jax.jit(train_step, in_shardings=in_sh, out_shardings=(state_sh, None),
-                 donate_argnums=(0,), static_argnames=("scored_cap", "shared_prefix"))
+                 donate_argnums=(0,), static_argnames=("scored_cap", "shared_prefix"),
+                 compiler_options=compiler_options)
