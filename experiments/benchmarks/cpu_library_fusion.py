@@ -1,0 +1,124 @@
+r"""The learner step with each ``trainer.cpu_library_fusion`` choice, interleaved in one process.
+
+XLA:CPU can hand fusions to its YNNPACK library; ``dot`` gives it matmuls only, ``xla_default``
+leaves XLA's own choice (which also routes elementwise fusions and reductions there). One
+process compiles the same GRPO train step both ways (``jax.jit(...).lower().compile(
+compiler_options=...)``), each with its own copy of the state, and alternates their steps, so
+the machine's drift hits both alike. Prints one JSON line: median wall and CPU seconds per
+step for each choice, their ratios, and the largest parameter difference after the steps.
+
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.cpu_library_fusion                 # small, one GRPO group of 4
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.cpu_library_fusion --group 1      # plain rows
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.cpu_library_fusion --preset tiny \
+      --batch 40 --prompt_len 300 --completion_len 724 --micro_batches 2 --group 1    # the demo's RL rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from legorl_jax.models import create_model, get_preset
+from legorl_jax.models.params import split_model
+from legorl_jax.rollout import batching
+from legorl_jax.trainer import compile_options
+from legorl_jax.trainer import optimizer as opt_lib
+from legorl_jax.trainer import state as state_lib
+from legorl_jax.trainer import train_step as ts
+
+
+def make_batch(vocab: int, b: int, prompt: int, completion: int, group: int):
+  """Random GRPO batch; each ``group`` consecutive rows share their prompt (then one grouped
+  row per group, as ``trainer.share_prompt`` lays it out). Returns (batch, layout)."""
+  rng = np.random.default_rng(0)
+  t = prompt + completion
+  ids = rng.integers(2, vocab, (b, t)).astype(np.int32)
+  ids[:, :prompt] = ids[(np.arange(b) // group) * group, :prompt]
+  adv = np.repeat(rng.standard_normal((b, 1)), t, 1).astype(np.float32)
+  mask = (np.arange(t)[None, :] >= prompt).repeat(b, 0).astype(np.float32)
+  batch = {"input_ids": ids, "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)),
+           "segment_ids": np.ones((b, t), np.int32), "loss_mask": mask, "advantages": adv,
+           "rollout_logp": np.zeros((b, t), np.float32)}
+  if group == 1:
+    return batch, None
+  seqs = [batching.TrainSequence(list(ids[i]), list(mask[i].astype(int)), [0.0] * t,
+                                 float(adv[i, 0])) for i in range(b)]
+  grouped, rest, _ = batching.make_grouped_batches(
+      seqs, prefix_len=prompt - 1, branch_len=completion + 1, branches=group,
+      rows_per_batch=b // group)
+  assert len(grouped) == 1 and not rest
+  return batching.split_layout(grouped[0])
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--preset", default="small")
+  p.add_argument("--batch", type=int, default=4)
+  p.add_argument("--prompt_len", type=int, default=128)
+  p.add_argument("--completion_len", type=int, default=128)
+  p.add_argument("--group", type=int, default=4)
+  p.add_argument("--micro_batches", type=int, default=1)
+  p.add_argument("--steps", type=int, default=8, help="timed steps per choice (after one)")
+  args = p.parse_args()
+
+  mcfg = get_preset(args.preset)
+  cfg = ml_collections.ConfigDict()
+  cfg.loss = ml_collections.ConfigDict(dict(
+      name="grpo", temperature=1.0, aggregation="seq-mean-token-mean", clip_eps_low=0.2,
+      clip_eps_high=0.2, vf_coef=0.0))
+  cfg.trainer = ml_collections.ConfigDict(dict(micro_batches=args.micro_batches,
+                                               logprob_impl="xla"))
+  cfg.optim = ml_collections.ConfigDict(dict(learning_rate=1e-6, schedule="constant",
+                                             max_grad_norm=1.0))
+  model_def, params = split_model(create_model(mcfg, seed=0))
+  optimizer = opt_lib.make_optimizer(cfg.optim)
+  batch, layout = make_batch(mcfg.vocab_size, args.batch, args.prompt_len, args.completion_len,
+                             args.group)
+  cap = ts.scored_cap_for(batch, args.micro_batches)
+  batch = jax.tree.map(jnp.asarray, batch)
+  step = jax.jit(ts.make_train_step(model_def, optimizer, cfg), donate_argnums=(0,),
+                 static_argnames=("scored_cap", "shared_prefix"))
+
+  runs = {}
+  for choice in compile_options.CPU_LIBRARY_FUSIONS:
+    cfg.trainer.cpu_library_fusion = choice
+    opts = compile_options.learner_compiler_options(cfg.trainer)
+    state = state_lib.create_train_state(jax.tree.map(jnp.copy, params), optimizer)
+    compiled = step.lower(state, batch, scored_cap=cap, shared_prefix=layout).compile(
+        compiler_options=opts)
+    runs[choice] = {"fn": compiled, "state": state, "wall": [], "cpu": []}
+  for i in range(args.steps + 1):
+    for r in runs.values():
+      c0, t0 = time.process_time(), time.perf_counter()
+      r["state"], metrics = r["fn"](r["state"], batch)
+      jax.block_until_ready(metrics)
+      if i:  # the first call of each runs once untimed
+        r["wall"].append(time.perf_counter() - t0)
+        r["cpu"].append(time.process_time() - c0)
+  med = {c: (statistics.median(r["wall"]), statistics.median(r["cpu"])) for c, r in runs.items()}
+  diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
+      jax.tree.leaves(runs["dot"]["state"].params),
+      jax.tree.leaves(runs["xla_default"]["state"].params)))
+  print(json.dumps({
+      "benchmark": "cpu_library_fusion", "preset": args.preset, "batch": args.batch,
+      "prompt_len": args.prompt_len, "completion_len": args.completion_len, "group": args.group,
+      "micro_batches": args.micro_batches, "steps": args.steps,
+      "row_shape": list(batch["input_ids"].shape),
+      "step_s": {c: round(m[0], 4) for c, m in med.items()},
+      "cpu_s": {c: round(m[1], 4) for c, m in med.items()},
+      "speedup_dot_over_default_wall": round(med["xla_default"][0] / med["dot"][0], 3),
+      "speedup_dot_over_default_cpu": round(med["xla_default"][1] / med["dot"][1], 3),
+      "max_abs_param_diff": diff, "load_avg_1m": round(os.getloadavg()[0], 2),
+      "cpus": os.cpu_count()}))
+
+
+if __name__ == "__main__":
+  main()
