@@ -3,8 +3,9 @@
 On CPU, XLA hands some fusions to the YNNPACK library. By default that includes elementwise
 fusions and reductions, and in the train step those run slower than XLA's own loop fusions
 (the RMSNorm weight gradients, for instance, take milliseconds each). Restricting YNNPACK to
-matmuls makes the same program 12-16% faster per step on this project's CPU presets, with
-identical results (``experiments/benchmarks/learner.py``; BENCHMARKS.md). The option is
+matmuls made the same program 9-16% faster per step on preset ``small`` and 4% on ``tiny``,
+with the same results (``experiments/benchmarks/cpu_library_fusion.py``; BENCHMARKS.md). The
+option is
 passed per ``jax.jit`` (``compiler_options``), so it applies to the learner only and never to
 code the user jits, and nothing is set on accelerators.
 """
