@@ -5,9 +5,8 @@ fusions and reductions, and in the train step those run slower than XLA's own lo
 (the RMSNorm weight gradients, for instance, take milliseconds each). Restricting YNNPACK to
 matmuls made the same program 9-16% faster per step on preset ``small`` and 4% on ``tiny``,
 with the same results (``experiments/benchmarks/cpu_library_fusion.py``; BENCHMARKS.md). The
-option is
-passed per ``jax.jit`` (``compiler_options``), so it applies to the learner only and never to
-code the user jits, and nothing is set on accelerators.
+option is passed per ``jax.jit`` (``compiler_options``), so it applies to the learner only and
+never to code the user jits, and nothing is set on accelerators.
 """
 
 from __future__ import annotations
