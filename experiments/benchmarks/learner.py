@@ -433,7 +433,8 @@ def main():
       "ours_utilisation_of_matmul_peak": util,
       "ours_utilisation_of_matmul_peak_cpu_time": util_cpu,
       "tunix_timed": tunix.get("timed") if tunix else None,
-      "ours_timed": "legorl_jax.trainer.train_step.make_train_step -> jax.jit(donate_argnums=0)",
+      "ours_timed": "legorl_jax.trainer.train_step.make_train_step -> jax.jit(donate_argnums=0, "
+                    "compiler_options=learner_compiler_options(trainer))",
       "prompt_sharing": sharing, "ours": ours, "ours_unshared": ours_unshared, "tunix": tunix,
       "tunix_same_xla_options": tunix_same,
       "op_breakdown": ({side: op_breakdown(os.path.join(prof_root, side), args.profile_steps)
