@@ -27,9 +27,12 @@ def get_config():
   c.sft.steps = 300
   c.sft.check_demos = 32
   c.sft.check_every = 50
-  c.sft.rows_per_batch = 16
   c.sft.buckets = (512, 640)
-  c.sft.micro_batches = 4
+  # Each SFT row: the ~280-token system prompt once, then eight demonstrations behind it
+  # (two rows = 16 demonstrations per step); leftovers go to plain rows of sft.buckets.
+  c.sft.share_prompt = (288, 272, 8, 2)
+  c.sft.rows_per_batch = 2
+  c.sft.micro_batches = 2
   c.trainer.pack = True
   c.trainer.buckets = (1024,)
   c.trainer.rows_per_batch = 40
