@@ -30,6 +30,11 @@ Batch = dict[str, jax.Array]
 REQUIRED_KEYS = ("input_ids", "positions", "segment_ids", "loss_mask", "advantages")
 
 
+def _within_segment(segment_ids: jax.Array) -> jax.Array:
+  """bool [B, T-1]: the predicted token is real and in the same segment as its context."""
+  return (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] != 0)
+
+
 def shifted(batch: Batch) -> dict[str, jax.Array]:
   """Aligns per-token arrays with next-token predictions: ``[B, T] -> [B, T-1]``.
 
@@ -37,7 +42,7 @@ def shifted(batch: Batch) -> dict[str, jax.Array]:
   token, zero across segment boundaries) and every other per-token array shifted likewise.
   """
   seg = batch["segment_ids"]
-  same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+  same = _within_segment(seg)
   out = {"targets": batch["input_ids"][:, 1:],
          "segment_ids": jnp.where(same, seg[:, 1:], 0),
          "loss_mask": batch["loss_mask"][:, 1:].astype(jnp.float32) * same}
@@ -49,8 +54,7 @@ def shifted(batch: Batch) -> dict[str, jax.Array]:
 
 def scored_mask(batch: Batch) -> jax.Array:
   """bool [B, T-1]: next-token predictions that enter the loss (see ``shifted``)."""
-  seg = batch["segment_ids"]
-  return (batch["loss_mask"][:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+  return (batch["loss_mask"][:, 1:] > 0) & _within_segment(batch["segment_ids"])
 
 
 def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, temperature: float,
