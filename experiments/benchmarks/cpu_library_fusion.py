@@ -24,38 +24,14 @@ import time
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from legorl_jax.models import create_model, get_preset
 from legorl_jax.models.params import split_model
-from legorl_jax.rollout import batching
 from legorl_jax.trainer import compile_options
 from legorl_jax.trainer import optimizer as opt_lib
 from legorl_jax.trainer import state as state_lib
 from legorl_jax.trainer import train_step as ts
-
-
-def make_batch(vocab: int, b: int, prompt: int, completion: int, group: int):
-  """Random GRPO batch; each ``group`` consecutive rows share their prompt (then one grouped
-  row per group, as ``trainer.share_prompt`` lays it out). Returns (batch, layout)."""
-  rng = np.random.default_rng(0)
-  t = prompt + completion
-  ids = rng.integers(2, vocab, (b, t)).astype(np.int32)
-  ids[:, :prompt] = ids[(np.arange(b) // group) * group, :prompt]
-  adv = np.repeat(rng.standard_normal((b, 1)), t, 1).astype(np.float32)
-  mask = (np.arange(t)[None, :] >= prompt).repeat(b, 0).astype(np.float32)
-  batch = {"input_ids": ids, "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)),
-           "segment_ids": np.ones((b, t), np.int32), "loss_mask": mask, "advantages": adv,
-           "rollout_logp": np.zeros((b, t), np.float32)}
-  if group == 1:
-    return batch, None
-  seqs = [batching.TrainSequence(list(ids[i]), list(mask[i].astype(int)), [0.0] * t,
-                                 float(adv[i, 0])) for i in range(b)]
-  grouped, rest, _ = batching.make_grouped_batches(
-      seqs, prefix_len=prompt - 1, branch_len=completion + 1, branches=group,
-      rows_per_batch=b // group)
-  assert len(grouped) == 1 and not rest
-  return batching.split_layout(grouped[0])
+from experiments.benchmarks.learner import grpo_batch
 
 
 def main():
@@ -80,8 +56,8 @@ def main():
                                              max_grad_norm=1.0))
   model_def, params = split_model(create_model(mcfg, seed=0))
   optimizer = opt_lib.make_optimizer(cfg.optim)
-  batch, layout = make_batch(mcfg.vocab_size, args.batch, args.prompt_len, args.completion_len,
-                             args.group)
+  batch, layout = grpo_batch(mcfg.vocab_size, args.batch, args.prompt_len, args.completion_len,
+                             args.group, share=args.group > 1)
   cap = ts.scored_cap_for(batch, args.micro_batches)
   batch = jax.tree.map(jnp.asarray, batch)
   step = jax.jit(ts.make_train_step(model_def, optimizer, cfg), donate_argnums=(0,),

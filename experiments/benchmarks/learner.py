@@ -102,15 +102,43 @@ def grouped_step_flops(shape: dict, rows: int, prefix_len: int, branch_len: int,
   return 6.0 * n * tokens + 12.0 * nl * h * dh * pairs
 
 
+def grpo_batch(vocab: int, b: int, prompt_len: int, completion_len: int, group: int,
+               share: bool):
+  """The benchmark's fixed GRPO batch: ``b`` rows of random tokens, loss on the completion,
+  each ``group`` consecutive rows sharing their prompt. With ``share``, laid out as the learner
+  receives a GRPO batch with ``trainer.share_prompt``: one row per group, the prompt once.
+
+  Returns (numpy batch of ``[rows, width]`` arrays, ``shared_prefix`` layout or None).
+  """
+  import numpy as np
+  from legorl_jax.rollout import batching
+  rng = np.random.default_rng(0)
+  t, tp = prompt_len + completion_len, prompt_len
+  ids = rng.integers(2, vocab, (b, t)).astype(np.int32)
+  ids[:, :tp] = ids[(np.arange(b) // group) * group, :tp]  # a group shares its prompt
+  adv = np.repeat(rng.standard_normal((b, 1)), t, 1).astype(np.float32)
+  batch = {"input_ids": ids, "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)),
+           "segment_ids": np.ones((b, t), np.int32),
+           "loss_mask": (np.arange(t)[None, :] >= tp).repeat(b, 0).astype(np.float32),
+           "advantages": adv, "rollout_logp": np.zeros((b, t), np.float32)}
+  if not share:
+    return batch, None
+  seqs = [batching.TrainSequence(list(ids[i]), list(batch["loss_mask"][i].astype(int)),
+                                 [0.0] * t, float(adv[i, 0])) for i in range(b)]
+  grouped, rest, _ = batching.make_grouped_batches(
+      seqs, prefix_len=tp - 1, branch_len=completion_len + 1, branches=group,
+      rows_per_batch=b // group)
+  assert len(grouped) == 1 and not rest
+  return batching.split_layout(grouped[0])
+
+
 def run_ours(args) -> dict:
   """Our learner step in this process (called with --child)."""
   import jax
   import jax.numpy as jnp
   import ml_collections
-  import numpy as np
   from legorl_jax.models import create_model, get_preset
   from legorl_jax.models.params import split_model
-  from legorl_jax.rollout import batching
   from legorl_jax.trainer import compile_options
   from legorl_jax.trainer import optimizer as opt_lib
   from legorl_jax.trainer import state as state_lib
@@ -135,25 +163,8 @@ def run_ours(args) -> dict:
   step = jax.jit(ts.make_train_step(model_def, optimizer, cfg), donate_argnums=(0,),
                  static_argnames=("scored_cap", "shared_prefix"), compiler_options=xla_options)
 
-  rng = np.random.default_rng(0)
-  b, t, tp = args.batch, args.prompt_len + args.completion_len, args.prompt_len
-  ids = rng.integers(2, mcfg.vocab_size, (b, t)).astype(np.int32)
-  ids[:, :tp] = ids[(np.arange(b) // args.group) * args.group, :tp]  # a group shares its prompt
-  adv = np.repeat(rng.standard_normal((b, 1)), t, 1).astype(np.float32)
-  batch = {"input_ids": ids, "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)),
-           "segment_ids": np.ones((b, t), np.int32),
-           "loss_mask": (np.arange(t)[None, :] >= tp).repeat(b, 0).astype(np.float32),
-           "advantages": adv, "rollout_logp": np.zeros((b, t), np.float32)}
-  layout = None
-  if args.group > 1 and not args.unshared:
-    # As a GRPO batch reaches the learner: one row per group, the prompt computed once.
-    seqs = [batching.TrainSequence(list(ids[i]), list(batch["loss_mask"][i].astype(int)),
-                                   [0.0] * t, float(adv[i, 0])) for i in range(b)]
-    grouped, rest, _ = batching.make_grouped_batches(
-        seqs, prefix_len=tp - 1, branch_len=args.completion_len + 1, branches=args.group,
-        rows_per_batch=b // args.group)
-    assert len(grouped) == 1 and not rest
-    batch, layout = batching.split_layout(grouped[0])
+  batch, layout = grpo_batch(mcfg.vocab_size, args.batch, args.prompt_len, args.completion_len,
+                             args.group, share=args.group > 1 and not args.unshared)
   # As ``Learner.update`` does: the lm head runs only on the scored (completion) tokens.
   cap = None if args.lm_head_on_all else ts.scored_cap_for(batch, args.micro_batches)
   batch = jax.tree.map(jnp.asarray, batch)
@@ -174,7 +185,8 @@ def run_ours(args) -> dict:
   return {"side": "ours", "jax_version": jax.__version__, "n_params": mcfg.num_params(),
           "loss": float(metrics["loss/policy"]), "grad_norm": float(metrics["grad_norm"]),
           "compile_and_first_s": round(first, 3), "step_s_median": round(step_s, 4),
-          "step_s_all": [round(x, 4) for x in times], "tokens_per_s": round(b * t / step_s, 1),
+          "step_s_all": [round(x, 4) for x in times],
+          "tokens_per_s": round(args.batch * (args.prompt_len + args.completion_len) / step_s, 1),
           "matmul_peak_gflops": round(peak / 1e9, 2),
           "cpu_s_median": round(statistics.median(cpu), 4),
           "matmul_gflop_per_cpu_s": round(peak_cpu / 1e9, 2),
