@@ -23,7 +23,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from legorl_jax.models import create_model, get_preset
 from legorl_jax.models.params import split_model
@@ -31,7 +30,7 @@ from legorl_jax.trainer import compile_options
 from legorl_jax.trainer import optimizer as opt_lib
 from legorl_jax.trainer import state as state_lib
 from legorl_jax.trainer import train_step as ts
-from experiments.benchmarks.learner import grpo_batch
+from experiments.benchmarks.learner import grpo_batch, grpo_config
 
 
 def main():
@@ -46,14 +45,7 @@ def main():
   args = p.parse_args()
 
   mcfg = get_preset(args.preset)
-  cfg = ml_collections.ConfigDict()
-  cfg.loss = ml_collections.ConfigDict(dict(
-      name="grpo", temperature=1.0, aggregation="seq-mean-token-mean", clip_eps_low=0.2,
-      clip_eps_high=0.2, vf_coef=0.0))
-  cfg.trainer = ml_collections.ConfigDict(dict(micro_batches=args.micro_batches,
-                                               logprob_impl="xla"))
-  cfg.optim = ml_collections.ConfigDict(dict(learning_rate=1e-6, schedule="constant",
-                                             max_grad_norm=1.0))
+  cfg = grpo_config(args.micro_batches)  # the learner benchmark's defaults
   model_def, params = split_model(create_model(mcfg, seed=0))
   optimizer = opt_lib.make_optimizer(cfg.optim)
   batch, layout = grpo_batch(mcfg.vocab_size, args.batch, args.prompt_len, args.completion_len,

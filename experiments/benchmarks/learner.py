@@ -132,11 +132,26 @@ def grpo_batch(vocab: int, b: int, prompt_len: int, completion_len: int, group: 
   return batching.split_layout(grouped[0])
 
 
+def grpo_config(micro_batches: int, *, aggregation: str = "seq-mean-token-mean",
+                clip_eps: float = 0.2, lr: float = 1e-6, max_grad_norm: float = 1.0,
+                cpu_library_fusion: str = "dot"):
+  """The learner config our side runs: GRPO loss, AdamW at a constant rate, fused lm head."""
+  import ml_collections
+  cfg = ml_collections.ConfigDict()
+  cfg.loss = ml_collections.ConfigDict(dict(
+      name="grpo", temperature=1.0, aggregation=aggregation, clip_eps_low=clip_eps,
+      clip_eps_high=clip_eps, vf_coef=0.0))
+  cfg.trainer = ml_collections.ConfigDict(dict(micro_batches=micro_batches, logprob_impl="xla",
+                                               cpu_library_fusion=cpu_library_fusion))
+  cfg.optim = ml_collections.ConfigDict(dict(learning_rate=lr, schedule="constant",
+                                             max_grad_norm=max_grad_norm))
+  return cfg
+
+
 def run_ours(args) -> dict:
   """Our learner step in this process (called with --child)."""
   import jax
   import jax.numpy as jnp
-  import ml_collections
   from legorl_jax.models import create_model, get_preset
   from legorl_jax.models.params import split_model
   from legorl_jax.trainer import compile_options
@@ -146,15 +161,9 @@ def run_ours(args) -> dict:
 
   peak, peak_cpu = matmul_peak(args.matmul_n, args.matmul_repeats)
   mcfg = get_preset(args.preset, remat=args.remat)
-  cfg = ml_collections.ConfigDict()
-  cfg.loss = ml_collections.ConfigDict(dict(
-      name="grpo", temperature=1.0, aggregation=args.aggregation, clip_eps_low=args.clip_eps,
-      clip_eps_high=args.clip_eps, vf_coef=0.0))
-  cfg.trainer = ml_collections.ConfigDict(dict(micro_batches=args.micro_batches,
-                                               logprob_impl="xla",
-                                               cpu_library_fusion=args.cpu_library_fusion))
-  cfg.optim = ml_collections.ConfigDict(dict(learning_rate=args.lr, schedule="constant",
-                                             max_grad_norm=args.max_grad_norm))
+  cfg = grpo_config(args.micro_batches, aggregation=args.aggregation, clip_eps=args.clip_eps,
+                    lr=args.lr, max_grad_norm=args.max_grad_norm,
+                    cpu_library_fusion=args.cpu_library_fusion)
   model_def, params = split_model(create_model(mcfg, seed=0))
   optimizer = opt_lib.make_optimizer(cfg.optim)
   state = state_lib.create_train_state(params, optimizer)

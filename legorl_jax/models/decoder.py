@@ -143,11 +143,11 @@ class GroupedMask(NamedTuple):
   with the same system prompt): the shared prompt is computed once per row instead of once per
   completion. Prompt tokens attend causally within the prompt; a branch token attends to
   every valid prompt token and causally within its own branch, so each branch sees exactly
-  what its unshared sequence would. Shapes (bool): ``prefix [B, P, P]``,
-  ``to_prefix [B, K*L, P]``, ``branch [B, K, L, L]``.
+  what its unshared sequence would. Shapes (bool): ``prefix [B, P, P]`` (prompt queries over
+  prompt keys) and ``branch [B, K, L, P + L]`` (a branch's queries over the prompt's keys and
+  then its own).
   """
   prefix: jax.Array
-  to_prefix: jax.Array
   branch: jax.Array
 
   @classmethod
@@ -161,10 +161,10 @@ class GroupedMask(NamedTuple):
     seg_p, seg_b = segment_ids[:, :p], segment_ids[:, p:].reshape(b, (t - p) // l, l)
     prefix = (jnp.tril(jnp.ones((p, p), bool))[None] & (seg_p[:, :, None] == seg_p[:, None, :])
               & (seg_p[:, :, None] != 0))
-    to_prefix = (seg_b.reshape(b, -1)[:, :, None] != 0) & (seg_p[:, None, :] != 0)
-    branch = (jnp.tril(jnp.ones((l, l), bool))[None, None]
-              & (seg_b[..., :, None] == seg_b[..., None, :]) & (seg_b[..., :, None] != 0))
-    return cls(prefix, to_prefix, branch)
+    to_prefix = (seg_b[..., :, None] != 0) & (seg_p[:, None, None, :] != 0)
+    own = (jnp.tril(jnp.ones((l, l), bool))[None, None]
+           & (seg_b[..., :, None] == seg_b[..., None, :]) & (seg_b[..., :, None] != 0))
+    return cls(prefix, jnp.concatenate([to_prefix, own], -1))
 
 
 def attend_grouped(q, k, v, mask: GroupedMask):
@@ -176,17 +176,18 @@ def attend_grouped(q, k, v, mask: GroupedMask):
   row.
   """
   p = mask.prefix.shape[-1]
-  b, nb, l = mask.branch.shape[:3]
+  b, nb, l, _ = mask.branch.shape
   h, dh = q.shape[2:]
   hkv = k.shape[2]
   out_p = attend(q[:, :p], k[:, :p], v[:, :p], mask.prefix)
   # Each branch attends to [prompt keys | own keys]: the prompt's K/V are repeated per branch
   # (small next to the scores), so one plain attention call covers every branch.
+  def per_branch(x):  # [B, P + K*L, Hkv, Dh] -> [B*K, P + L, Hkv, Dh]
+    return jnp.concatenate([jnp.repeat(x[:, :p], nb, axis=0),
+                            x[:, p:].reshape(b * nb, l, hkv, dh)], 1)
   qb = q[:, p:].reshape(b * nb, l, h, dh)
-  kb = jnp.concatenate([jnp.repeat(k[:, :p], nb, axis=0), k[:, p:].reshape(b * nb, l, hkv, dh)], 1)
-  vb = jnp.concatenate([jnp.repeat(v[:, :p], nb, axis=0), v[:, p:].reshape(b * nb, l, hkv, dh)], 1)
-  mb = jnp.concatenate([mask.to_prefix.reshape(b * nb, l, p), mask.branch.reshape(b * nb, l, l)], -1)
-  out_b = attend(qb, kb, vb, mb).reshape(b, nb * l, h, dh)
+  out_b = attend(qb, per_branch(k), per_branch(v), mask.branch.reshape(b * nb, l, p + l))
+  out_b = out_b.reshape(b, nb * l, h, dh)
   return jnp.concatenate([out_p, out_b], axis=1)
 
 

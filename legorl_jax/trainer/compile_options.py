@@ -21,13 +21,8 @@ CPU_LIBRARY_FUSIONS = {"dot": "LIBRARY_FUSION_TYPE_DOT", "xla_default": None}
 DEFAULT_CPU_LIBRARY_FUSION = "dot"
 
 
-def learner_compiler_options(trainer_cfg=None, backend: str | None = None) -> dict | None:
-  """``compiler_options`` for ``jax.jit`` of a learner function, or None for XLA's defaults.
-
-  Args:
-    trainer_cfg: the ``trainer`` config node (or None); reads ``cpu_library_fusion``.
-    backend: the platform the function compiles for (default: ``jax.default_backend()``).
-  """
+def cpu_library_fusion(trainer_cfg=None) -> str:
+  """``trainer.cpu_library_fusion`` (default ``"dot"``); a bad value is named as a ConfigError."""
   choice = DEFAULT_CPU_LIBRARY_FUSION
   if trainer_cfg is not None:
     choice = trainer_cfg.get("cpu_library_fusion", DEFAULT_CPU_LIBRARY_FUSION)
@@ -36,7 +31,17 @@ def learner_compiler_options(trainer_cfg=None, backend: str | None = None) -> di
         f"config trainer.cpu_library_fusion={choice!r} is invalid; choose one of "
         f"{list(CPU_LIBRARY_FUSIONS)} ('dot': only matmuls go to XLA:CPU's YNNPACK library, "
         "'xla_default': XLA's own choice).")
-  value = CPU_LIBRARY_FUSIONS[choice]
+  return choice
+
+
+def learner_compiler_options(trainer_cfg=None, backend: str | None = None) -> dict | None:
+  """``compiler_options`` for ``jax.jit`` of a learner function, or None for XLA's defaults.
+
+  Args:
+    trainer_cfg: the ``trainer`` config node (or None); reads ``cpu_library_fusion``.
+    backend: the platform the function compiles for (default: ``jax.default_backend()``).
+  """
+  value = CPU_LIBRARY_FUSIONS[cpu_library_fusion(trainer_cfg)]
   if value is None or (backend or jax.default_backend()) != "cpu":
     return None
   return {"xla_cpu_experimental_ynn_fusion_type": value}

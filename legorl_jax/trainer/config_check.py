@@ -59,7 +59,7 @@ def validate(cfg) -> None:
       raise errors.ConfigError(f"config {key}={_get(cfg, key)!r} must be >= 0.")
   for key in ("loss.temperature", "sampling.temperature"):
     _number(cfg, key)
-  compile_options.learner_compiler_options(cfg.trainer, backend="cpu")  # names a bad value
+  compile_options.cpu_library_fusion(cfg.trainer)
   if cfg.loss.name not in POLICY_LOSSES:
     raise errors.ConfigError(f"config loss.name={cfg.loss.name!r} is invalid; choose one of "
                              f"{sorted(POLICY_LOSSES)}.")
