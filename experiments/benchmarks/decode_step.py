@@ -1,0 +1,116 @@
+"""Time of one sampler decode step by rows and attention window, and what it is bound by.
+
+Runs the engine's compiled decode loop (``sampling.steps.decode_steps``, ``--decode_chunk``
+steps per call) on a cache whose rows sit just below the end of each window, and prints the
+median milliseconds per step with the bytes a step must read: the weights once, plus each
+row's K/V window. The weights' share is what a one-row step costs at the smallest window; the
+rest grows with the window. ``--baseline_head`` also times, alternating in the same process,
+the tied output head computed through the transposed embedding (``x @ embed.T``, the previous
+formulation; the current one contracts the embedding's own minor axis). Prints one JSON line.
+
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 1 --windows 256,1024,2048,4096
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 16 --windows 512 --baseline_head
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from legorl_jax.models import create_model  # noqa: E402
+from legorl_jax.models import decoder as decoder_lib  # noqa: E402
+from legorl_jax.sampling import steps  # noqa: E402
+from legorl_jax.sampling.cache import SCRATCH, Cache  # noqa: E402
+
+
+def head_through_transpose(self, hidden):
+  """The previous tied head: [..., D] @ embed.T [D, V] -> float32 [..., V]."""
+  w = self.embed[...].T.astype(hidden.dtype)
+  return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+
+def decode_rows(n: int, position: int) -> steps.DecodeRows:
+  """n greedy rows at one position with budget to spare."""
+  return steps.DecodeRows(
+      tokens=jnp.full((n,), 5, jnp.int32), positions=jnp.full((n,), position, jnp.int32),
+      remaining=jnp.full((n,), 1 << 20, jnp.int32), temperature=jnp.zeros((n,), jnp.float32),
+      top_p=jnp.ones((n,), jnp.float32), top_k=jnp.zeros((n,), jnp.int32),
+      seeds=jnp.arange(n, dtype=jnp.uint32), stop_ids=jnp.full((n, 4), -1, jnp.int32))
+
+
+def compiled_decode(head):
+  """A jit of the decode loop that traces with ``head`` as the Decoder's output head (its own
+  function object, so no trace is shared between variants)."""
+  def decode(*args, **kwargs):
+    saved = decoder_lib.Decoder.logits_from_hidden
+    decoder_lib.Decoder.logits_from_hidden = head
+    try:
+      return steps.decode_steps(*args, **kwargs)
+    finally:
+      decoder_lib.Decoder.logits_from_hidden = saved
+  return jax.jit(decode, static_argnums=(0,), static_argnames=("num_rows", "attn_len", "num_steps"),
+                 donate_argnums=(2,))
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--preset", default="small")
+  ap.add_argument("--rows", type=int, default=1)
+  ap.add_argument("--windows", default="256,1024,2048,4096")
+  ap.add_argument("--decode_chunk", type=int, default=16)
+  ap.add_argument("--repeats", type=int, default=10)
+  ap.add_argument("--baseline_head", action="store_true")
+  args = ap.parse_args()
+  model = create_model(args.preset, seed=0)
+  cfg = model.config
+  graphdef, state = nnx.split(model)
+  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+  variants = {"current": decoder_lib.Decoder.logits_from_hidden}
+  if args.baseline_head:
+    variants["transposed_head"] = head_through_transpose
+  k, n = args.decode_chunk, args.rows
+  rows_out = []
+  for window in (int(w) for w in args.windows.split(",")):
+    position = window - k - 1  # the last position the window holds after k steps
+    runs = {}
+    for name, head in variants.items():
+      fn = compiled_decode(head)
+      cache = Cache.zeros(cfg, n, window)
+      cache, *_ = fn(graphdef, state, cache, decode_rows(n, position), num_rows=n,
+                     attn_len=window, num_steps=k)
+      runs[name] = [fn, cache, []]
+    for _ in range(args.repeats):  # variants alternate, so load from elsewhere hits both alike
+      for run in runs.values():
+        fn, cache, times = run
+        t0 = time.perf_counter()
+        cache, _, ids, _ = fn(graphdef, state, cache, decode_rows(n, position), num_rows=n,
+                              attn_len=window, num_steps=k)
+        jax.block_until_ready(ids)
+        times.append(time.perf_counter() - t0)
+        run[1] = cache
+    kv_bytes = 2 * cfg.num_layers * n * cfg.num_kv_heads * cfg.head_dim * (SCRATCH + window) * 4
+    row = dict(window=window, weight_mb=round(weight_bytes / 1e6, 1),
+               kv_window_mb=round(kv_bytes / 1e6, 1))
+    for name, (_, _, times) in runs.items():
+      ms = float(np.median(times)) / k * 1e3
+      row[f"{name}_ms_per_step"] = round(ms, 3)
+      row[f"{name}_read_gb_s"] = round((weight_bytes + kv_bytes) / (ms / 1e3) / 1e9, 1)
+    if args.baseline_head:
+      row["speedup_vs_transposed_head"] = round(
+          row["transposed_head_ms_per_step"] / row["current_ms_per_step"], 3)
+    rows_out.append(row)
+  print(json.dumps(dict(benchmark="decode_step", preset=args.preset, rows=n,
+                        decode_chunk=k, backend=jax.default_backend(), windows=rows_out)))
+
+
+if __name__ == "__main__":
+  main()
