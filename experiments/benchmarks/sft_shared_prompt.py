@@ -64,9 +64,7 @@ def main():
   seqs = [s for d in demos for s in batching.sequences_from_trajectory(d, 1.0)]
   if len(seqs) < 2:
     raise SystemExit("need at least two demonstrations")
-  first = seqs[0].token_ids
-  common = min(min(batching._common_prefix(first, s.token_ids, len(first)), batching._first_trained(s))
-               for s in seqs)
+  common = batching.shared_prompt_length(seqs)
   branch = -(-(max(len(s.token_ids) for s in seqs) - common + 1) // 8) * 8
   per_step = args.branches * args.rows
   model, _ = pipeline.build_policy(cfg)

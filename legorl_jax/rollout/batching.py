@@ -141,6 +141,15 @@ def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
   return n
 
 
+def shared_prompt_length(seqs: Sequence[TrainSequence]) -> int:
+  """Leading tokens that every sequence has in common and trains on none of (a harness's
+  system prompt and tool list): what ``share_prompt`` rows can compute once."""
+  if not seqs:
+    return 0
+  first = seqs[0].token_ids
+  return min(min(_common_prefix(first, s.token_ids, len(first)), _first_trained(s)) for s in seqs)
+
+
 def _grouped_row(members: list[TrainSequence], shared: int, prefix_len: int, branch_len: int,
                  branches: int) -> dict[str, np.ndarray]:
   """One row: ``members[0]``'s first ``shared - 1`` tokens, then each member from token

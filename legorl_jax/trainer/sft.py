@@ -140,27 +140,29 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
   rng = np.random.default_rng(seed)
   rows = int(cfg.trainer.rows_per_batch)
   buckets = sorted(int(b) for b in cfg.trainer.buckets)
-  # One bucket per step, drawn in proportion to its sequences: every update is one full batch
-  # of one shape (no padding rows of a second, longer bucket).
-  phases = [(_bucketed(seqs, buckets), rows, tuple(buckets))]
+  shared = config_check.share_prompt_layout(cfg.trainer.get("share_prompt", ()), "sft.share_prompt")
+  short_phase = plain_phase = None  # (pools, their shares of the draws), rows, buckets
   if short_context_steps > 0:
     short = without_shared_prefix(seqs)
     short_len = 1 << max(int(np.ceil(np.log2(max(len(s.token_ids) for s in short)))), 4)
     micro = int(cfg.trainer.get("micro_batches", 1))
     short_rows = max(micro, rows * buckets[0] // short_len // micro * micro)
-    phases.insert(0, (_bucketed(short, [short_len]), short_rows, (short_len,)))
-  shared = config_check.share_prompt_layout(cfg.trainer.get("share_prompt", ()), "sft.share_prompt")
+    short_phase = (_bucketed(short, [short_len]), short_rows, (short_len,))
+  if shared is None:
+    # One bucket per step, drawn in proportion to its sequences: every update is one full batch
+    # of one shape (no padding rows of a second, longer bucket).
+    plain_phase = (_bucketed(seqs, buckets), rows, tuple(buckets))
   last = {}
   t0 = time.perf_counter()
   for step in range(steps):
     if max_seconds is not None and time.perf_counter() - t0 >= max_seconds:
       break
-    (pools, shares), n_rows, phase_buckets = phases[0] if step < short_context_steps else phases[-1]
-    if shared is not None and step >= short_context_steps:
+    if step >= short_context_steps and shared is not None:
       # rows of one system prompt and ``branches`` demonstrations each
       pick = [seqs[i] for i in rng.integers(0, len(seqs), shared[2] * shared[3])]
       batches, _ = rl_loop.grouped_then_plain(pick, cfg)
     else:
+      (pools, shares), n_rows, phase_buckets = short_phase if step < short_context_steps else plain_phase
       pool = pools[rng.choice(len(pools), p=shares)]
       pick = [pool[i] for i in rng.integers(0, len(pool), n_rows)]
       batches, _ = batching.make_batches(pick, buckets=phase_buckets, rows_per_batch=n_rows,

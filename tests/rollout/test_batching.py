@@ -107,3 +107,24 @@ def test_grouped_batches_hold_every_sequence_once():
 def test_grouped_batches_reject_bad_layout():
   with pytest.raises(errors.ConfigError, match="branches >= 2"):
     batching.make_grouped_batches([], prefix_len=8, branch_len=8, branches=1, rows_per_batch=1)
+
+
+def test_shared_prompt_length_stops_at_divergence_and_at_trained_tokens():
+  def naive(seqs):  # position by position: all equal so far and none trained there
+    n = 0
+    while all(n < len(s.token_ids) for s in seqs) and \
+        len({s.token_ids[n] for s in seqs}) == 1 and not any(s.loss_mask[n] for s in seqs):
+      n += 1
+    return n
+  system = [5, 6, 7, 8, 9]
+  cases = [
+      [batching.TrainSequence(system + [1, 2], [0] * 6 + [1], [0.0] * 7, 1.0),
+       batching.TrainSequence(system + [3, 4], [0] * 6 + [1], [0.0] * 7, 1.0)],  # diverge at 5
+      [batching.TrainSequence(system + [1], [0, 0, 0, 1, 1, 1], [0.0] * 6, 1.0),
+       batching.TrainSequence(system + [1], [0] * 6, [0.0] * 6, 1.0)],  # trained from 3
+      [batching.TrainSequence(system, [0] * 5, [0.0] * 5, 1.0)] * 2,  # identical, untrained
+  ]
+  for seqs in cases:
+    assert batching.shared_prompt_length(seqs) == naive(seqs)
+  assert [batching.shared_prompt_length(c) for c in cases] == [5, 3, 5]
+  assert batching.shared_prompt_length([]) == 0
