@@ -27,6 +27,11 @@ _NON_NEGATIVE = ("trainer.steps", "sft.steps", "rollout.max_retries", "optim.lea
                  "sampling.temperature", "checkpoint.every", "eval.every")
 
 
+# Group masking is the rollout filters' decision (``rollout.mask_broken_groups``); the
+# advantage estimator must not make it a second time.
+ADVANTAGE_MASK_KEY = ("config advantage.kwargs.mask_broken_groups is decided by the rollout filters; "
+                      "set rollout.mask_broken_groups instead.")
+
 def _get(cfg, dotted):
   node = cfg
   for part in dotted.split("."):
@@ -66,6 +71,8 @@ def validate(cfg) -> None:
   if cfg.advantage.name not in ADVANTAGE_ESTIMATORS:
     raise errors.ConfigError(f"config advantage.name={cfg.advantage.name!r} is invalid; choose "
                              f"one of {sorted(ADVANTAGE_ESTIMATORS)}.")
+  if "mask_broken_groups" in dict(cfg.advantage.get("kwargs", {})):
+    raise errors.ConfigError(ADVANTAGE_MASK_KEY)
   if abs(float(cfg.loss.temperature) - float(cfg.sampling.temperature)) > 1e-9 and \
       float(cfg.sampling.temperature) > 0:
     raise errors.ConfigError(

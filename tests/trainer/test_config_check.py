@@ -22,6 +22,7 @@ def test_demo_config_is_valid():
     ("sampling.temperature", 0.7, "loss.temperature"),
     ("trainer.micro_batches", 3, "trainer.micro_batches"),
     ("sandbox.backend", "vm", "sandbox.backend"),
+    ("advantage.kwargs", {"mask_broken_groups": True}, "rollout.mask_broken_groups"),
 ])
 def test_bad_values_name_the_key(key, value, match):
   cfg = common.base_config()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import common
+from legorl_jax import errors
 from legorl_jax.trainer import rl_loop
 
 
@@ -52,10 +53,35 @@ def test_build_batches_grpo_advantages_and_staleness():
         R("c", "t1", 1, "solved", 1.0, [1], trajectory=_traj(4, 2)),   # 2 versions old: stale
         R("d", "t1", 1, "failed", 0.0, [3], trajectory=_traj(4, 2))]
   batches, m = rl_loop.build_batches(rs, cfg, current_version=3)
-  assert m["dropped_stale"] == 1 and m["trials_in_loss"] == 2
+  # Staleness drops only the stale trial: "d" stays, alone in its group, so advantage 0.
+  assert m["dropped_stale"] == 1 and m["trials_in_loss"] == 3
   (b,) = batches
   adv = sorted({float(x) for x in b["advantages"][b["segment_ids"] > 0]})
-  np.testing.assert_allclose(adv, [-1.0, 1.0], atol=1e-5)  # (r - mean) / std in group t0
+  np.testing.assert_allclose(adv, [-1.0, 0.0, 1.0], atol=1e-5)  # (r - mean) / std in group t0
+
+
+def test_group_masking_follows_the_rollout_config_only():
+  """A sandbox error masks its whole group by default; with rollout.mask_broken_groups=False the
+  group's other trials stay, with their baseline computed from the valid ones alone."""
+  def run(mask_groups):
+    cfg = common.base_config()
+    cfg.rollout.samples_per_task = 3
+    cfg.rollout.mask_broken_groups = mask_groups
+    cfg.trainer.buckets, cfg.trainer.rows_per_batch = (16,), 4
+    rs = [R("a", "t0", 0, "solved", 1.0, [0], trajectory=_traj(4, 3)),
+          R("b", "t0", 0, "failed", 0.0, [0], trajectory=_traj(4, 2)),
+          R("c", "t0", 0, "sandbox_error", 0.0, [0], trajectory=_traj(4, 2))]
+    return rl_loop.build_batches(rs, cfg, current_version=0)
+  batches, m = run(True)
+  assert batches == [] and m["trials_in_loss"] == 0 and m["dropped_group_masked"] == 2
+  (b,), m = run(False)
+  assert m["trials_in_loss"] == 2 and "dropped_group_masked" not in m
+  adv = sorted({float(x) for x in b["advantages"][b["segment_ids"] > 0]})
+  np.testing.assert_allclose(adv, [-1.0, 1.0], atol=1e-5)  # mean and std of a and b only
+  cfg = common.base_config()
+  cfg.advantage.kwargs = {"mask_broken_groups": False}
+  with pytest.raises(errors.ConfigError, match="rollout.mask_broken_groups"):
+    rl_loop.build_batches([], cfg, current_version=0)
 
 
 def test_solve_stats_excludes_infrastructure():
