@@ -39,7 +39,7 @@ from legorl_jax.trainer import config_check, multihost, rl_loop, sft as sft_lib
 from legorl_jax.trainer.checkpoint import Checkpointer
 from legorl_jax.trainer.learner import Learner
 from legorl_jax.trainer.policy_service import PolicyService
-from legorl_jax.utils import paths
+from legorl_jax.utils import cpu_time, paths
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
                                  trials_path=trials_path)
   source.next_step = host["rl_step"] + 1
   producer = rl_loop.AsyncRollouts(source) if cfg.trainer.mode == "async" else None
-  t0 = time.perf_counter()
+  t0, cpu0 = time.perf_counter(), cpu_time.process_tree_cpu_s()
   busy = 0.0
   try:
     while host["rl_step"] < steps:
@@ -371,4 +371,7 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
       producer.close()
     progress.close()
   elapsed = time.perf_counter() - t0
-  return {"rl_s": elapsed, "learner_utilisation": busy / max(elapsed, 1e-9)}
+  # CPU seconds of this process and its reaped trial processes: with ``rl_s`` and the core
+  # count, how much of the machine the RL phase kept busy.
+  return {"rl_s": elapsed, "rl_cpu_s": cpu_time.process_tree_cpu_s() - cpu0,
+          "learner_utilisation": busy / max(elapsed, 1e-9)}

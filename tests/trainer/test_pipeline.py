@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from legorl_jax.utils import cpu_time
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["--config.sft.steps=3", "--config.sft.num_demos=4", "--config.sft.rows_per_batch=4",
          "--config.sft.check_demos=2", "--config.sft.check_every=2",
@@ -48,6 +50,8 @@ def test_summary_and_accounting(run):
               "sft_demos", "rl_steps"):
     assert key in summary, key
   assert summary["sft_demos"] == 4  # the scripted policy solves every demo task (+2 held out)
+  # The RL phase's CPU (this process and its reaped trial processes) fits in its wall time x cores.
+  assert 0 < summary["rl_cpu_s"] <= summary["rl_s"] * cpu_time.usable_cores() * 1.05
   assert 0.0 <= summary["sft_check_greedy_exact"] <= 1.0 and summary["sft_check_nll"] > 0
   trials = _lines(workdir / "trials.jsonl")
   phases = {}
