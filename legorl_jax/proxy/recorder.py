@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from legorl_jax import errors
 from legorl_jax.proxy.render import same_calls
 from legorl_jax.proxy.types import Message, Reply, RenderedRequest, ToolCall
 from legorl_jax.sampling.params import Completion, SamplingParams
@@ -56,8 +57,10 @@ class Segment:
 
   def to_json(self, calls: Sequence["CallRecord"]) -> dict:
     mine = [calls[i] for i in self.calls]
+    # Copies: the trajectory must not change if the segment does afterwards.
     return {"id": self.id, "stream": self.stream, "train": self.train, "reason": self.reason,
-            "token_ids": self.token_ids, "loss_mask": self.loss_mask, "logprobs": self.logprobs,
+            "token_ids": list(self.token_ids), "loss_mask": list(self.loss_mask),
+            "logprobs": list(self.logprobs),
             "calls": list(self.calls),
             "temperatures": sorted({c.temperature for c in mine}),
             "params_versions": sorted({c.params_version for c in mine})}
@@ -130,6 +133,7 @@ class Session:
     self._streams: dict[str, _Stream] = {}
     self._by_tool_id: dict[str, Generation] = {}
     self._by_content: dict[str, list[Generation]] = {}
+    self._closed = False  # set when the trial collects its trajectory (``SessionStore.pop``)
 
   # -- auth -------------------------------------------------------------------------------------
   def check_token(self, token: str | None) -> bool:
@@ -191,6 +195,12 @@ class Session:
     prompt = list(prompt_ids)
     sampled = list(completion.token_ids)
     with self._lock:
+      if self._closed:
+        # The trial ended while this call was being sampled (e.g. the harness timed out): its
+        # trajectory has been taken and the harness never sees this reply.
+        raise errors.ProxyError(
+            f"session {self.id!r} has ended (its trial finished); this call is not recorded.",
+            status=409, code="session_closed")
       st = self._streams.get(stream)
       if st is None:
         st = self._streams[stream] = _Stream(stream, stream in self.train_streams)
@@ -264,6 +274,11 @@ class Session:
     with self._lock:
       return [s for s in self._segments if s.train or not train_only]
 
+  def close(self) -> None:
+    """No call is recorded after this (waits for one being recorded to finish)."""
+    with self._lock:
+      self._closed = True
+
   def trajectory(self) -> dict[str, Any]:
     """``{"segments": [train segments], "side_segments": [...], "calls": [...], ...}``.
 
@@ -308,8 +323,12 @@ class SessionStore:
       return s
 
   def pop(self, session_id: str) -> Session | None:
+    """Removes a session and closes it, so its trajectory is final."""
     with self._lock:
-      return self._sessions.pop(session_id, None)
+      session = self._sessions.pop(session_id, None)
+    if session is not None:
+      session.close()
+    return session
 
   def __len__(self):
     with self._lock:

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 
+from legorl_jax import errors
 from legorl_jax.models.tokenizer import render_chat
 from legorl_jax.proxy import ProxyConfig, ProxyService, ScriptedBackend, openai_chat
 from tests.proxy.conftest import CHAT_TOOLS, WEATHER_CALL, scripted_reply
@@ -148,3 +149,24 @@ def test_tool_call_matched_by_id_even_if_harness_reformats_arguments(service, to
   assert len(s.segments()) == 1
   sampled = s.calls[0].token_ids
   assert tokenizer.decode(sampled, skip_special_tokens=False) == WEATHER_CALL + "<|im_end|>"
+
+
+def test_a_taken_trajectory_does_not_change_with_later_calls(service):
+  s = service.sessions.create("alias")
+  conv = _loop(service, s)
+  taken = s.trajectory()
+  frozen = copy.deepcopy(taken)
+  _call(service, s, conv + [{"role": "user", "content": "And tomorrow?"}])
+  assert len(s.trajectory()["calls"]) == len(frozen["calls"]) + 1
+  assert taken == frozen  # no list of the taken dict is the live segment's
+
+
+def test_a_call_that_finishes_after_the_trial_ended_is_refused_and_not_recorded(service):
+  s = service.sessions.create("late")
+  conv = _loop(service, s)
+  assert service.sessions.pop("late") is s  # what a trial does when it collects its trajectory
+  final = copy.deepcopy(s.trajectory())
+  with pytest.raises(errors.ProxyError, match="has ended") as e:
+    _call(service, s, conv + [{"role": "user", "content": "And tomorrow?"}])
+  assert e.value.status == 409 and e.value.code == "session_closed"
+  assert s.trajectory() == final
