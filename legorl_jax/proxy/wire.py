@@ -27,15 +27,16 @@ def number(body: dict, key: str, lo: float, hi: float, *, integer: bool = False,
   v = body.get(key)
   if v is None:
     return None
-  ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-  if integer:
-    ok = ok and float(v).is_integer()
-  if ok:
+  ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+  if ok and isinstance(v, float):
+    ok = math.isfinite(v) and (not integer or v.is_integer())
+  if ok:  # compared exactly: a JSON integer may be far beyond any float
     ok = (v > lo if lo_open else v >= lo) and v <= hi
   if not ok:
     kind = "an integer" if integer else "a number"
     left = "(" if lo_open else "["
-    bad(f"'{key}' must be {kind} in {left}{lo}, {hi}], got {v!r}.", key)
+    got = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+    bad(f"'{key}' must be {kind} in {left}{lo}, {hi}], got {got}.", key)
   return int(v) if integer else float(v)
 
 

@@ -188,3 +188,17 @@ def test_unix_socket(tokenizer):
       assert server.port is None and server.url == "http://localhost"  # no TCP listener
     finally:
       server.stop()
+
+
+@pytest.mark.parametrize("route,field", [
+    ("/v1/chat/completions", "max_tokens"), ("/v1/chat/completions", "seed"),
+    ("/v1/messages", "max_tokens"), ("/v1/messages", "top_k"),
+    ("/v1/responses", "max_output_tokens")])
+def test_integer_beyond_any_float_is_a_400_naming_the_field(scripted_server, route, field):
+  body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+  if route == "/v1/responses":
+    body = {"model": "m", "input": "hi"}
+  body[field] = 10 ** 400  # valid JSON; float(v) overflows
+  status, out = http("POST", scripted_server.url + route, None, body)
+  assert status == 400, out
+  assert field in json.dumps(out) and len(json.dumps(out)) < 1000
