@@ -186,7 +186,8 @@ def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, bran
   Returns ``(batches, rest, stats)``: ``rest`` are the sequences that share with no other or
   do not fit (batch them with ``make_batches``); ``stats`` counts ``sequences``, ``rows``,
   ``tokens`` (as computed, the prompt once per row) and ``unshared_tokens`` (as plain rows
-  would compute them). Each batch maps ``LAYOUT_KEY`` to ``(prefix_len, branch_len)``.
+  would compute them) and ``no_trainable_tokens`` (sequences left out: nothing sampled in
+  them). Each batch maps ``LAYOUT_KEY`` to ``(prefix_len, branch_len)``.
   """
   if prefix_len < 1 or branch_len < 2 or branches < 2 or rows_per_batch < 1 or min_shared < 2:
     raise errors.ConfigError(
@@ -197,6 +198,7 @@ def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, bran
   order = []
   for s in seqs:
     if not any(s.loss_mask):
+      stats["no_trainable_tokens"] += 1  # nothing to learn from; counted as make_batches does
       continue
     # the longest prompt this sequence could share leaves it too long for a branch
     if len(s.token_ids) - min(_first_trained(s), prefix_len + 1) + 1 > branch_len:

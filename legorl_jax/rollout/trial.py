@@ -7,6 +7,9 @@ Status resolution (first match wins):
   harness ran past its wall-clock limit        -> timeout        (policy)
   the conversation outgrew the context         -> overlong       (policy)
   otherwise the verifier's status              -> solved | failed | reward_hack | verifier_error
+except that tampering the verifier detects (``reward_hack``) replaces every status but
+sandbox_error: editing the tests is the policy's act, whatever the harness did afterwards, so
+such a trial is scored 0 rather than set aside.
 """
 
 from __future__ import annotations

@@ -95,13 +95,15 @@ def test_grouped_batches_hold_every_sequence_once():
                                          [0.0] * len(prompt) + [-1.0] * len(comp), float(g * 3 + i)))
   seqs.append(batching.TrainSequence(list(rng.integers(3, 100, 40)), [0] * 10 + [1] * 30,
                                      [0.0] * 40, 9.0))  # too long for a branch
+  seqs.append(batching.TrainSequence(system + [1, 2], [0] * 8, [0.0] * 8, 10.0))  # nothing sampled
   batches, rest, stats = batching.make_grouped_batches(seqs, prefix_len=12, branch_len=8,
                                                        branches=4, rows_per_batch=2)
   assert [s.advantage for s in rest] == [9.0]
   got = [x for b in batches for r in range(b["input_ids"].shape[0]) for x in _expand(b, r)]
-  want = [(s.token_ids, s.loss_mask, s.logprobs, s.advantage) for s in seqs[:-1]]
+  want = [(s.token_ids, s.loss_mask, s.logprobs, s.advantage) for s in seqs[:-2]]
   assert sorted(got) == sorted(want)
   assert stats["sequences"] == 15 and stats["tokens"] < stats["unshared_tokens"]
+  assert stats["no_trainable_tokens"] == 1  # every input is in a row, in rest, or counted
 
 
 def test_grouped_batches_reject_bad_layout():
