@@ -117,8 +117,9 @@ def gae(rewards: Array, values: Array, dones: Array, *, gamma: float = 1.0, lam:
 
   ``dones[b, t]`` marks that the episode ends after step t (no bootstrap from t + 1).
   Steps with ``mask == 0`` (prompt, tool-output or padding tokens: not actions of the
-  policy) are skipped: the recursion passes through them undiscounted and their advantage
-  and return are 0. Put rewards on action tokens (usually the last one).
+  policy) are skipped: the recursion passes through them undiscounted (an episode end on one
+  still cuts it) and their advantage and return are 0. Put rewards on action tokens (usually
+  the last one).
 
   Args:
     rewards, values: [B, T] float.
@@ -143,7 +144,10 @@ def gae(rewards: Array, values: Array, dones: Array, *, gamma: float = 1.0, lam:
     delta = r + gamma * next_value * not_done - v
     adv = delta + gamma * lam * not_done * next_adv
     live = m > 0
-    carry = (jnp.where(live, v, next_value), jnp.where(live, adv, next_adv))
+    # A skipped step passes the recursion through, unless an episode ends there: then the
+    # action before it bootstraps from nothing.
+    skip_value, skip_adv = next_value * not_done, next_adv * not_done
+    carry = (jnp.where(live, v, skip_value), jnp.where(live, adv, skip_adv))
     return carry, jnp.where(live, adv, 0.0)
 
   xs = tuple(jnp.swapaxes(x, 0, 1) for x in (rewards, values, dones, mask))

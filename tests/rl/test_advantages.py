@@ -96,9 +96,11 @@ def _np_gae(r, v, d, m, gamma, lam, last):
   for i in range(b):
     next_v, next_a = last[i], 0.0
     for k in reversed(range(t)):
-      if not m[i, k]:
-        continue
       nd = 1.0 - d[i, k]
+      if not m[i, k]:
+        if d[i, k]:  # the episode ends after this skipped step: nothing to bootstrap from
+          next_v, next_a = 0.0, 0.0
+        continue
       delta = r[i, k] + gamma * next_v * nd - v[i, k]
       a = delta + gamma * lam * nd * next_a
       adv[i, k], ret[i, k] = a, a + v[i, k]
@@ -120,6 +122,14 @@ def test_gae_matches_numpy(gamma, lam):
   want_adv, want_ret = _np_gae(r, v, d, m, gamma, lam, last)
   np.testing.assert_allclose(np.asarray(adv), want_adv, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(np.asarray(ret), want_ret, rtol=1e-5, atol=1e-5)
+
+
+def test_gae_episode_end_on_a_skipped_step_cuts_the_bootstrap():
+  # step 1 is not an action (mask 0) but the episode ends there: step 0 is terminal, so its
+  # advantage is r0 - v0, not a bootstrap from step 2's value.
+  adv, _ = A.gae(np.array([[0.0, 0.0, 1.0]]), np.array([[0.5, 0.0, 5.0]]),
+                 np.array([[0.0, 1.0, 0.0]]), mask=np.array([[1.0, 0.0, 1.0]]))
+  np.testing.assert_allclose(np.asarray(adv), [[-0.5, 0.0, -4.0]], atol=1e-6)
 
 
 def test_whiten_masked():
