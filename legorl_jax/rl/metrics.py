@@ -6,9 +6,11 @@ A metrics dict is flat ``{name: f32 scalar}`` and a key's suffix says how it mer
 * ``*_sum``: a sum over counted tokens, summed; ``finalize_metrics`` turns ``x_sum`` into
   the exact mean ``x = x_sum / tokens``.
 * ``*_max``: maxima, merged by max.
-* ``*_p99``: per-micro-batch 99th percentiles, merged by max. The max over micro-batches
-  of their p99 is an upper bound of the full batch's p99 (at most 1% of each part lies above
-  it), and equals it when there is one micro-batch.
+* ``*_p99``: per-micro-batch 99th percentiles, merged by max. Percentiles are observed
+  values (``masked_quantile``: the lowest one with the wanted share at or below it), so the
+  max over micro-batches is an upper bound of the full batch's p99 and equals it when there
+  is one micro-batch. (With interpolated percentiles it is not: two halves ``[0, 1]`` have p99
+  0.99 each, their union ``[0, 0, 1, 1]`` has 1.0.)
 
 ``merge_metrics`` is jittable (use it inside a scan over micro-batches);
 ``finalize_metrics`` runs once per step before logging.
@@ -40,9 +42,10 @@ def masked_max(x: Array, mask: Array) -> Array:
 
 
 def masked_quantile(x: Array, mask: Array, q: float) -> Array:
-  """Scalar: q-quantile (linear interpolation) of x over mask > 0; -inf when empty."""
+  """Scalar: q-quantile of x over mask > 0, NumPy's ``method="higher"`` (the order statistic
+  at index ``ceil(q (n - 1))``, never an interpolation); -inf when empty."""
   flat = jnp.where(mask > 0, x, jnp.nan).reshape(-1).astype(jnp.float32)
-  out = jnp.nanquantile(flat, q)
+  out = jnp.nanquantile(flat, q, method="higher")
   return jnp.where(jnp.any(mask > 0), out, -jnp.inf)
 
 
