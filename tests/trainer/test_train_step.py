@@ -245,3 +245,37 @@ def test_learner_takes_grouped_and_plain_batches_in_one_update(setup):
   # logprobs of a grouped batch land on its branch tokens, as for the plain rows
   lg, _ = a.logprobs(grouped[0])
   assert lg.shape == grouped[0]["input_ids"].shape
+
+
+def test_recorded_logprobs_line_up_with_the_learners_own(setup):
+  """Off-policy inputs are per-token arrays aligned with ``input_ids`` (column t = token t).
+  Recorded logprobs equal to the learner's own must give ratio 1, |dlogp| 0 and importance
+  weight 1, and so the on-policy REINFORCE update; one column of misalignment must not."""
+  model_def, params = setup
+  cfg = make_cfg()
+  cfg.loss.is_correction, cfg.loss.is_level = "tis", "token"
+  logp, _ = jax.jit(ts.make_logprob_fn(model_def, temperature=1.0, impl="xla"))(
+      params, jax.tree.map(jnp.asarray, make_batch()))
+  logp = np.asarray(logp)
+  assert (logp[:, 0] == 0).all() and (logp[:, 1:] < 0).all()
+  opt = optax.sgd(1.0)
+  step = jax.jit(ts.make_train_step(model_def, opt, cfg))
+
+  def run(old, rollout):
+    batch = dict(make_batch(), old_logp=old, rollout_logp=rollout)
+    return step(state_lib.create_train_state(params, opt), jax.tree.map(jnp.asarray, batch))
+
+  new_state, m = run(logp, logp)
+  m = {k: float(v) for k, v in m.items()}
+  assert abs(m["ratio"] - 1) < 1e-5 and abs(m["ratio_max"] - 1) < 1e-5
+  assert m["rollout_abs_dlogp_max"] < 1e-5 and abs(m["is_weight_max"] - 1) < 1e-5
+  ref_grads = jax.grad(naive_loss, argnums=1)(model_def, params,
+                                              jax.tree.map(jnp.asarray, make_batch()), 1.0)
+  for k in params:
+    np.testing.assert_allclose(params[k] - new_state.params[k], ref_grads[k], atol=2e-6, rtol=1e-4)
+
+  late = np.roll(logp, 1, axis=1)  # one token late
+  _, bad_rollout = run(logp, late)  # sampler's record misaligned: learner-vs-rollout disagree
+  assert float(bad_rollout["rollout_abs_dlogp_max"]) > 0.5
+  _, bad_old = run(late, late)  # old logprobs misaligned: the ratio leaves 1
+  assert float(bad_old["ratio_max"]) > 1.5
