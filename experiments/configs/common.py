@@ -159,7 +159,7 @@ def accelerator_config(preset: str, *, tasks_per_step: int, samples_per_task: in
   c.trainer.rows_per_batch = 64
   c.trainer.micro_batches = 8
   c.trainer.pack = True
-  c.trainer.logprob_impl = ml_collections.config_dict.placeholder(str)  # None: pallas on GPU, xla elsewhere
+  c.trainer.logprob_impl = ml_collections.config_dict.placeholder(str)  # None: xla ("pallas" opt-in)
   c.optim.learning_rate = 1e-6
   c.optim.schedule = "warmup"
   c.optim.warmup_steps = 10

@@ -2,10 +2,10 @@
 
 One public function, ``token_logprobs``, dispatches to three implementations:
 
-* ``"xla"``: chunked loops over tokens and vocab (``token_logprobs_xla``); portable, default
-  on CPU and TPU.
-* ``"pallas"``: Pallas kernels for forward and backward (``token_logprobs_pallas``);
-  default on GPU; runs in interpret mode on CPU (tests).
+* ``"xla"``: chunked loops over tokens and vocab (``token_logprobs_xla``); portable, the
+  default on every backend.
+* ``"pallas"``: Pallas kernels for forward and backward (``token_logprobs_pallas``); opt-in,
+  verified in interpret mode (CPU tests); compiled Triton needs power-of-two shapes.
 * ``"reference"``: materialises the logits with ``jax.nn.log_softmax``; the tests' oracle.
 
 The fused implementations share one differentiable primitive, ``vocab_stats``, that returns
@@ -99,7 +99,7 @@ def reference_token_logprobs(hidden: Array, lm_head: Array, targets: Array, *,
 
 def _resolve(impl: Optional[str], token_chunk, vocab_chunk, interpret) -> _Static:
   if impl is None:
-    impl = "pallas" if jax.default_backend() == "gpu" else "xla"
+    impl = "xla"
   if impl not in IMPLS:
     raise KernelError(f"unknown token_logprobs impl {impl!r}; choose one of {IMPLS}.")
   if impl == "pallas":
@@ -139,7 +139,7 @@ def token_logprobs(hidden: Array, lm_head: Array, targets: Array, *, temperature
     lm_head: [D, V] float.
     targets: [N] int token ids.
     temperature: static positive float (the sampler's temperature).
-    impl: "xla" | "pallas" | "reference" | None (pallas on GPU, xla elsewhere).
+    impl: "xla" | "pallas" | "reference" | None (xla).
     token_chunk, vocab_chunk: chunk (xla) or block (pallas) sizes; any positive ints, the
       sizes need not divide N or V.
     interpret: pallas interpret mode (default: on CPU).

@@ -10,8 +10,11 @@ that no grid axis carries a reduction (grid programs run concurrently on GPUs):
 * d lm_head: one program per vocab block, loops over token blocks, accumulates h_blk^T dz.
 
 The looped-over operand is passed whole (GPU global memory) and sliced in the kernel, which
-suits GPUs (Triton) and interpret mode; TPUs would need manual DMA of the lm-head blocks,
-so the dispatcher uses the XLA path there. Inputs are padded to whole blocks (vocab
+suits GPUs (Triton) and interpret mode; TPUs would need manual DMA of the lm-head blocks.
+Compiled Triton also wants every block dimension a power of two, which whole operands of
+real models (hidden 3584, vocab 151936) are not; that is checked up front. The kernels are
+verified in interpret mode only, so they are opt-in (``impl="pallas"``) and the dispatcher
+uses the XLA path on every backend by default. Inputs are padded to whole blocks (vocab
 padding is masked to -inf logits, padded tokens get zero cotangents). On CPU the kernels
 run with ``interpret=True`` (tests only: it is slow).
 """
@@ -23,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from legorl_jax.errors import KernelError
 from legorl_jax.rl.token_logprobs_xla import logits_cotangent
 
 Array = jax.Array
@@ -121,6 +125,19 @@ def _interpret_default() -> bool:
   return jax.default_backend() == "cpu"
 
 
+def _check_compiled_blocks(interpret: bool, **dims: int) -> None:
+  """Compiled (Triton) Pallas needs every block dimension to be a power of two; the kernels
+  take whole operands as blocks, so that includes the hidden size and the padded vocab and
+  token counts. Say so up front instead of failing inside the lowering."""
+  if interpret:
+    return
+  bad = {k: v for k, v in dims.items() if v < 1 or v & (v - 1)}
+  if bad:
+    raise KernelError(
+        f"the compiled Pallas logprob kernels need power-of-two block dimensions; got {bad}. "
+        "Use the XLA implementation (trainer.logprob_impl='xla', the default) for this model.")
+
+
 def stats_fwd(hidden: Array, lm_head: Array, targets: Array, *, temperature: float,
               block_tokens: int, block_vocab: int, interpret=None) -> Tuple[Array, Array, Array]:
   """Per-token (lse, ez, zy), each [N] f32; see token_logprobs_xla.stats_fwd."""
@@ -132,6 +149,7 @@ def stats_fwd(hidden: Array, lm_head: Array, targets: Array, *, temperature: flo
   w = _pad_to(lm_head, 1, bv)
   tgt = _pad_to(targets.astype(jnp.int32), 0, bt)
   np_, vp = h.shape[0], w.shape[1]
+  _check_compiled_blocks(interpret, block_tokens=bt, block_vocab=bv, hidden=d, vocab=vp)
   kernel = functools.partial(_fwd_kernel, v=v, bv=bv, nv=vp // bv, temperature=temperature)
   vec = pl.BlockSpec((bt,), lambda i: (i,))
   out = _out((np_,), jnp.float32, h)
@@ -156,6 +174,8 @@ def stats_bwd(hidden: Array, lm_head: Array, targets: Array, lse: Array, ez: Arr
   # Padded tokens: zero cotangents (so dz = 0) and finite statistics.
   vecs = [_pad_to(x, 0, bt) for x in (targets.astype(jnp.int32), lse, ez, g_lse, g_ez, g_zy)]
   np_, vp = h.shape[0], w.shape[1]
+  _check_compiled_blocks(interpret, block_tokens=bt, block_vocab=bv, hidden=d, vocab=vp,
+                         tokens=np_)
   nt, nv = np_ // bt, vp // bv
 
   vec_blk = pl.BlockSpec((bt,), lambda i: (i,))

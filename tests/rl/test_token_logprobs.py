@@ -7,8 +7,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from legorl_jax.errors import KernelError, ShardingError
-from legorl_jax.rl import token_logprobs
-from legorl_jax.rl.token_logprobs import reference_token_logprobs, token_logprobs_sharded
+from legorl_jax.rl import token_logprobs, token_logprobs_pallas
+from legorl_jax.rl.token_logprobs import _resolve, reference_token_logprobs, token_logprobs_sharded
 
 
 def _inputs(n, d, v, seed=0, scale=1.0):
@@ -166,3 +166,16 @@ def test_sharded_reshards_inputs_and_checks_shapes(mesh):
     token_logprobs_sharded(h[:6], w, t[:6], mesh)
   with pytest.raises(ShardingError, match="vocab axis"):
     token_logprobs_sharded(h, w, t, mesh, vocab_axis="model")
+
+
+def test_xla_is_the_default_and_compiled_pallas_refuses_shapes_triton_cannot_take():
+  assert _resolve(None, None, None, None).impl == "xla"
+  h = jnp.zeros((8, 24), jnp.float32)  # hidden 24 and vocab 40 are not powers of two
+  w = jnp.zeros((24, 40), jnp.float32)
+  tgt = jnp.zeros((8,), jnp.int32)
+  with pytest.raises(KernelError, match="power-of-two"):
+    token_logprobs_pallas.stats_fwd(h, w, tgt, temperature=1.0, block_tokens=8, block_vocab=8, interpret=False)
+  z = jnp.zeros((8,), jnp.float32)
+  with pytest.raises(KernelError, match="power-of-two"):
+    token_logprobs_pallas.stats_bwd(h, w, tgt, z, z, z, z, z, temperature=1.0, block_tokens=8, block_vocab=8,
+                  interpret=False)
