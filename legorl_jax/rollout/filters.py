@@ -3,7 +3,8 @@
 Infrastructure failures (harness, sandbox or verifier errors) say nothing about the policy:
 their trials never enter the loss, and by default their whole group is masked so the group
 baseline is not computed from a biased subset. Over-long trials are kept (reward 0), dropped,
-or shaped with the DAPO overlong penalty, by config.
+or shaped with the DAPO overlong penalty, by config; with a sampled-token limit and a buffer,
+the penalty's linear part also reaches finished trials that came near the limit, as in DAPO.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def prepare_groups(results: Sequence, n: int, cfg, stale: frozenset = frozenset(
         dropped["overlong"] += 1
       else:
         reward = float(r.reward)
-        if r.status == st.OVERLONG and mode == "penalty":
+        if mode == "penalty" and (r.status == st.OVERLONG or _soft_zone(cfg)):
           reward += _overlong_penalty(r.sampled_tokens, cfg)
         valid[gi, ti] = True
         rewards[gi, ti] = reward
@@ -96,8 +97,15 @@ def prepare_groups(results: Sequence, n: int, cfg, stale: frozenset = frozenset(
   return GroupedTrials(groups, rewards, valid, dropped)
 
 
+def _soft_zone(cfg) -> bool:
+  """DAPO's soft punishment applies to every trial (finished ones too) once a sampled-token
+  limit and a buffer before it are configured."""
+  return int(cfg.get("max_sampled_tokens", 0)) > 0 and int(cfg.get("overlong_buffer", 0)) > 0
+
+
 def _overlong_penalty(length: int, cfg) -> float:
-  """DAPO soft overlong punishment: 0 below ``max - buffer``, linear to ``-penalty`` at max."""
+  """DAPO soft overlong punishment: 0 below ``max - buffer``, linear to ``-penalty`` at max.
+  Without a limit (``max_sampled_tokens`` 0) only over-long trials get here: full penalty."""
   max_len = int(cfg.get("max_sampled_tokens", 0)) or length
   buffer = int(cfg.get("overlong_buffer", 0))
   penalty = float(cfg.get("overlong_penalty", 1.0))

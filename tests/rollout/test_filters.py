@@ -45,6 +45,24 @@ def test_overlong_modes_and_zero_variance():
   pen = filters.prepare_groups(rs, 2, cfg(overlong="penalty", overlong_penalty=0.5,
                                           overlong_buffer=50, max_sampled_tokens=120))
   assert np.isclose(pen.rewards[0, 0], -0.5 * (100 - 70) / 50)
+  assert np.isclose(pen.rewards[0, 1], 1.0)  # 10 tokens: far below the buffer zone
+
+
+def test_dapo_soft_penalty_reaches_finished_trials_near_the_limit():
+  def dapo(length, l_max=120, l_cache=50, p=0.5):  # DAPO's R_length, scaled by p
+    if length <= l_max - l_cache:
+      return 0.0
+    return p * max((l_max - l_cache - length) / l_cache, -1.0)
+  lengths = [10, 70, 71, 95, 119, 120, 500]
+  rs = [R(f"t{i}", i, "solved", 1.0, sampled_tokens=n) for i, n in enumerate(lengths)]
+  g = filters.prepare_groups(rs, 1, cfg(overlong="penalty", overlong_penalty=0.5,
+                                        overlong_buffer=50, max_sampled_tokens=120))
+  np.testing.assert_allclose(g.rewards[:, 0], [1.0 + dapo(n) for n in lengths], atol=1e-6)
+  # No buffer or no limit: finished trials are not shaped, over-long ones still are.
+  for kw in (dict(overlong_buffer=0, max_sampled_tokens=120), dict(overlong_buffer=50)):
+    g = filters.prepare_groups(rs + [R("o", 7, "overlong", 0.0, sampled_tokens=130)], 1,
+                               cfg(overlong="penalty", overlong_penalty=0.5, **kw))
+    np.testing.assert_allclose(g.rewards[:, 0], [1.0] * 7 + [-0.5])
   same = [R("c0", 0, "failed", 0.0), R("c1", 0, "failed", 0.0)]
   zv = filters.prepare_groups(same, 2, cfg(drop_zero_variance=True))
   assert not zv.valid.any() and zv.dropped["zero_variance"] == 2
