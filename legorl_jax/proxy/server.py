@@ -90,7 +90,10 @@ class ProxyServer:
 
   # -- lifecycle --------------------------------------------------------------------------------
   async def astart(self) -> "ProxyServer":
-    self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+    # handler_cancellation: a client that hangs up (a harness killed at its time limit) cancels
+    # its handler, and with it the engine request, which stops sampling at its next chunk.
+    self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                                 handler_cancellation=True)
     await self._runner.setup()
     if self.port is not None:
       site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)

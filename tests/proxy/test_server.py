@@ -1,15 +1,18 @@
 """HTTP layer: sessions and tokens, routes, error shapes, robustness under fuzzing, Unix socket."""
 
 import asyncio
+import http.client as http_client
 import json
 import random
 import tempfile
+import threading
+import time
 
 import aiohttp
 import openai
 import pytest
 
-from legorl_jax.proxy import ProxyConfig, ProxyServer, ScriptedBackend
+from legorl_jax.proxy import EngineBackend, ProxyConfig, ProxyServer, ScriptedBackend
 from tests.proxy.conftest import ANTHROPIC_TOOLS, CHAT_TOOLS, RESPONSES_TOOLS, http, scripted_reply
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -202,3 +205,56 @@ def test_integer_beyond_any_float_is_a_400_naming_the_field(scripted_server, rou
   status, out = http("POST", scripted_server.url + route, None, body)
   assert status == 400, out
   assert field in json.dumps(out) and len(json.dumps(out)) < 1000
+
+
+class _HangingBackend:
+  """Never answers; notes when a request arrives and when its handler is cancelled."""
+
+  def __init__(self):
+    self.max_len, self.params_version = 1024, 0
+    self.started, self.cancelled = threading.Event(), threading.Event()
+
+  async def generate(self, prompt_ids, sampling, *, session_id=None, request=None):
+    self.started.set()
+    try:
+      await asyncio.sleep(60)
+    except asyncio.CancelledError:
+      self.cancelled.set()
+      raise
+
+
+def _hang_up_after(server, started, body):
+  conn = http_client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+  conn.request("POST", "/v1/chat/completions", json.dumps(body),
+               {"Content-Type": "application/json"})
+  assert started()
+  conn.close()  # the harness was killed: its connection goes away mid-request
+
+
+def test_client_hanging_up_cancels_its_request(tokenizer, engine):
+  backend = _HangingBackend()
+  server = ProxyServer(backend, tokenizer).start()
+  try:
+    _hang_up_after(server, lambda: backend.started.wait(10), CHAT)
+    assert backend.cancelled.wait(10)
+  finally:
+    server.stop()
+  # With the real engine: the request stops sampling (counted as cancelled, not failed).
+  server = ProxyServer(EngineBackend(engine), tokenizer).start()
+  try:
+    before = engine.stats()
+
+    def decoding():  # its first chunk sampled
+      deadline = time.time() + 10
+      while engine.stats()["decode_calls"] == before["decode_calls"] and time.time() < deadline:
+        time.sleep(0.002)
+      return engine.stats()["decode_calls"] > before["decode_calls"]
+    _hang_up_after(server, decoding, dict(CHAT, max_tokens=900, temperature=1.0))
+    deadline = time.time() + 20
+    while engine.stats()["cancelled"] == before["cancelled"] and time.time() < deadline:
+      time.sleep(0.02)
+    after = engine.stats()
+    assert after["cancelled"] == before["cancelled"] + 1 and after["failed"] == before["failed"]
+    assert after["decoded_tokens"] - before["decoded_tokens"] < 900  # stopped early
+  finally:
+    server.stop()
