@@ -32,6 +32,7 @@ _NON_NEGATIVE = ("trainer.steps", "sft.steps", "rollout.max_retries", "optim.lea
 ADVANTAGE_MASK_KEY = ("config advantage.kwargs.mask_broken_groups is decided by the rollout filters; "
                       "set rollout.mask_broken_groups instead.")
 
+
 def _get(cfg, dotted):
   node = cfg
   for part in dotted.split("."):
