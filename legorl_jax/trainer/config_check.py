@@ -27,10 +27,14 @@ _NON_NEGATIVE = ("trainer.steps", "sft.steps", "rollout.max_retries", "optim.lea
                  "sampling.temperature", "checkpoint.every", "eval.every")
 
 
-# Group masking is the rollout filters' decision (``rollout.mask_broken_groups``); the
-# advantage estimator must not make it a second time.
-ADVANTAGE_MASK_KEY = ("config advantage.kwargs.mask_broken_groups is decided by the rollout filters; "
-                      "set rollout.mask_broken_groups instead.")
+def advantage_kwargs(cfg) -> dict:
+  """``advantage.kwargs`` as a dict. Group masking is the rollout filters' decision
+  (``rollout.mask_broken_groups``), so the estimator must not be asked to make it again."""
+  kwargs = dict(cfg.advantage.get("kwargs", {}))
+  if "mask_broken_groups" in kwargs:
+    raise errors.ConfigError("config advantage.kwargs.mask_broken_groups is decided by the rollout "
+                             "filters; set rollout.mask_broken_groups instead.")
+  return kwargs
 
 
 def _get(cfg, dotted):
@@ -72,8 +76,7 @@ def validate(cfg) -> None:
   if cfg.advantage.name not in ADVANTAGE_ESTIMATORS:
     raise errors.ConfigError(f"config advantage.name={cfg.advantage.name!r} is invalid; choose "
                              f"one of {sorted(ADVANTAGE_ESTIMATORS)}.")
-  if "mask_broken_groups" in dict(cfg.advantage.get("kwargs", {})):
-    raise errors.ConfigError(ADVANTAGE_MASK_KEY)
+  advantage_kwargs(cfg)
   if abs(float(cfg.loss.temperature) - float(cfg.sampling.temperature)) > 1e-9 and \
       float(cfg.sampling.temperature) > 0:
     raise errors.ConfigError(

@@ -21,7 +21,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from legorl_jax import errors
 from legorl_jax.proxy.service import derive_seed
 from legorl_jax.rl import advantages as adv_lib
 from legorl_jax.rewards import status as st
@@ -86,9 +85,7 @@ def build_batches(results: Sequence[TrialResult], cfg, current_version: int
       if max_stale is not None and r.params_versions
       and current_version - min(r.params_versions) > int(max_stale))
   grouped = filters.prepare_groups(results, n, cfg.rollout, stale=stale)
-  kwargs = dict(cfg.advantage.get("kwargs", {}))
-  if "mask_broken_groups" in kwargs:
-    raise errors.ConfigError(config_check.ADVANTAGE_MASK_KEY)
+  kwargs = config_check.advantage_kwargs(cfg)
   # The filters already applied the group policy (broken groups, stale or dropped trials), so
   # the estimator takes ``valid`` as it is: only invalid trials are left out of the baseline.
   adv, mask = adv_lib.compute_advantages(cfg.advantage.name, grouped.rewards, grouped.valid,
