@@ -314,3 +314,25 @@ def test_malformed_prompt_ids_are_refused_with_a_clear_error(engine):
                      ([1, VOCAB], "outside")):
     with pytest.raises(errors.ConfigError, match=match):
       engine.submit(bad)
+
+
+@pytest.mark.parametrize("window, calls", [(0.9, 1), (0.0, 2)])
+def test_requests_arriving_together_join_one_decode_batch(model, window, calls):
+  """A request that arrives within ``join_window_s`` of the previous admission joins it before
+  the first decode chunk (one chunk serves both); with no window the first request decodes a
+  chunk alone, and the second needs a chunk of its own."""
+  params = SamplingParams(max_tokens=ENGINE_KW["decode_chunk"])
+  with Engine(model, seed=1, join_window_s=window, **ENGINE_KW) as eng:
+    first = eng.submit(_prompt(7, seed=100), params)
+    if not window:
+      first.result(timeout=300)
+    else:
+      threading.Event().wait(0.05)
+    second = eng.submit(_prompt(8, seed=101), params)
+    assert len(first.result(timeout=300).token_ids) == len(second.result(timeout=300).token_ids)
+    assert eng.stats()["decode_calls"] == calls
+
+
+def test_join_window_is_validated(model):
+  with pytest.raises(errors.ConfigError, match="join_window_s"):
+    Engine(model, join_window_s=-1, **ENGINE_KW)

@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from legorl_jax.sampling.sample import row_keys, sample_tokens, truncation_mask
+from legorl_jax.sampling.sample import (first_argmax, first_true, row_keys, sample_tokens,
+                                        truncation_mask)
 from tests.sampling import reference
 
 
@@ -28,6 +29,30 @@ def test_greedy_and_tempered_logprobs():
       want = reference.log_softmax(logits[r] / temp[r])[ids[r]]  # untruncated, by design
       assert ids[r] in reference.allowed_set(logits[r], temp[r], top_p[r], top_k[r])
     np.testing.assert_allclose(logp[r], want, atol=1e-5)
+
+
+def test_first_argmax_and_first_true_match_numpy_ties_and_nan():
+  rng = np.random.default_rng(3)
+  x = rng.integers(-3, 3, size=(40, 33)).astype(np.float32)  # many ties: the first one wins
+  x[5, 7] = x[5, 20] = np.nan  # argmax convention: the first NaN
+  x[6, :] = -np.inf
+  np.testing.assert_array_equal(np.asarray(jax.jit(first_argmax)(x)), np.argmax(x, axis=-1))
+  mask = rng.random((40, 33)) < 0.1
+  want = np.where(mask.any(-1), np.argmax(mask, axis=-1), 33)
+  np.testing.assert_array_equal(np.asarray(jax.jit(first_true)(mask)), want)
+
+
+def test_all_greedy_batch_matches_mixed_batch_rows():
+  """The all-greedy fast path picks the same ids and logprobs as greedy rows in a mixed batch."""
+  rng = np.random.default_rng(4)
+  logits = rng.normal(size=(4, 64)).astype(np.float32)
+  ones, zeros = np.ones(4, np.float32), np.zeros(4, np.int32)
+  all_greedy = jax.jit(sample_tokens)(logits, _keys(4), np.zeros(4, np.float32), ones, zeros)
+  mixed_t = np.array([0.0, 0.8, 0.0, 1.0], np.float32)
+  mixed = jax.jit(sample_tokens)(logits, _keys(4), mixed_t, ones, zeros)
+  for r in (0, 2):
+    assert int(all_greedy[0][r]) == int(mixed[0][r]) == int(np.argmax(logits[r]))
+    assert float(all_greedy[1][r]) == float(mixed[1][r])
 
 
 def test_truncation_mask_matches_numpy():
