@@ -6,10 +6,13 @@ median milliseconds per step with the bytes a step must read: the weights once, 
 row's K/V window. The weights' share is what a one-row step costs at the smallest window; the
 rest grows with the window. ``--baseline_head`` also times, alternating in the same process,
 the tied output head computed through the transposed embedding (``x @ embed.T``, the previous
-formulation; the current one contracts the embedding's own minor axis). Prints one JSON line.
+formulation; the current one contracts the embedding's own minor axis). ``--baseline_sampling``
+likewise times the previous token sampler (``jnp.argmax``, and the inverse-CDF draw's passes over
+the vocabulary run even when every row is greedy). Prints one JSON line.
 
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 1 --windows 256,1024,2048,4096
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 16 --windows 512 --baseline_head
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 16 --windows 128,256 --baseline_sampling
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from flax import nnx  # noqa: E402
 
 from legorl_jax.models import create_model  # noqa: E402
 from legorl_jax.models import decoder as decoder_lib  # noqa: E402
+from legorl_jax.sampling import sample as sample_lib  # noqa: E402
 from legorl_jax.sampling import steps  # noqa: E402
 from legorl_jax.sampling.cache import SCRATCH, Cache  # noqa: E402
 
@@ -36,6 +40,25 @@ def head_through_transpose(self, hidden):
   """The previous tied head: [..., D] @ embed.T [D, V] -> float32 [..., V]."""
   w = self.embed[...].T.astype(hidden.dtype)
   return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+
+def previous_sample_tokens(logits, keys, temperature, top_p, top_k):
+  """The previous sampler, for ``--baseline_sampling``: same ids and logprobs; XLA's variadic
+  argmax reduction, and the draw computed for every batch."""
+  logits = logits.astype(jnp.float32)
+  greedy = temperature <= sample_lib.GREEDY_EPS
+  scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+  logp_all = jax.nn.log_softmax(scaled, axis=-1)
+  needs_trunc = jnp.any(~greedy & ((top_p < 1.0) | (top_k > 0)))
+  allowed = jax.lax.cond(needs_trunc, lambda: sample_lib.truncation_mask(scaled, top_p, top_k),
+                         lambda: jnp.ones(scaled.shape, bool))
+  cdf = jnp.cumsum(jnp.where(allowed, jnp.exp(logp_all), 0.0), axis=-1)
+  u = jax.vmap(lambda key: jax.random.uniform(key, dtype=jnp.float32))(keys) * cdf[:, -1]
+  above = cdf > u[:, None]
+  drawn = jnp.where(above[:, -1], jnp.argmax(above, axis=-1), jnp.argmax(scaled, axis=-1))
+  ids = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+  logp = jnp.take_along_axis(logp_all, ids[:, None], axis=-1)[:, 0]
+  return ids, logp
 
 
 def decode_rows(n: int, position: int) -> steps.DecodeRows:
@@ -47,16 +70,17 @@ def decode_rows(n: int, position: int) -> steps.DecodeRows:
       seeds=jnp.arange(n, dtype=jnp.uint32), stop_ids=jnp.full((n, 4), -1, jnp.int32))
 
 
-def compiled_decode(head):
-  """A jit of the decode loop that traces with ``head`` as the Decoder's output head (its own
-  function object, so no trace is shared between variants)."""
+def compiled_decode(head, sampler):
+  """A jit of the decode loop that traces with ``head`` as the Decoder's output head and
+  ``sampler`` as its token sampler (its own function object, so no trace is shared between
+  variants)."""
   def decode(*args, **kwargs):
-    saved = decoder_lib.Decoder.logits_from_hidden
-    decoder_lib.Decoder.logits_from_hidden = head
+    saved = decoder_lib.Decoder.logits_from_hidden, steps.sample_tokens
+    decoder_lib.Decoder.logits_from_hidden, steps.sample_tokens = head, sampler
     try:
       return steps.decode_steps(*args, **kwargs)
     finally:
-      decoder_lib.Decoder.logits_from_hidden = saved
+      decoder_lib.Decoder.logits_from_hidden, steps.sample_tokens = saved
   return jax.jit(decode, static_argnums=(0,), static_argnames=("num_rows", "attn_len", "num_steps"),
                  donate_argnums=(2,))
 
@@ -69,21 +93,25 @@ def main():
   ap.add_argument("--decode_chunk", type=int, default=16)
   ap.add_argument("--repeats", type=int, default=10)
   ap.add_argument("--baseline_head", action="store_true")
+  ap.add_argument("--baseline_sampling", action="store_true")
   args = ap.parse_args()
   model = create_model(args.preset, seed=0)
   cfg = model.config
   graphdef, state = nnx.split(model)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
-  variants = {"current": decoder_lib.Decoder.logits_from_hidden}
+  current = (decoder_lib.Decoder.logits_from_hidden, steps.sample_tokens)
+  variants = {"current": current}
   if args.baseline_head:
-    variants["transposed_head"] = head_through_transpose
+    variants["transposed_head"] = (head_through_transpose, current[1])
+  if args.baseline_sampling:
+    variants["previous_sampling"] = (current[0], previous_sample_tokens)
   k, n = args.decode_chunk, args.rows
   rows_out = []
   for window in (int(w) for w in args.windows.split(",")):
     position = window - k - 1  # the last position the window holds after k steps
     runs = {}
-    for name, head in variants.items():
-      fn = compiled_decode(head)
+    for name, (head, sampler) in variants.items():
+      fn = compiled_decode(head, sampler)
       cache = Cache.zeros(cfg, n, window)
       cache, *_ = fn(graphdef, state, cache, decode_rows(n, position), num_rows=n,
                      attn_len=window, num_steps=k)
@@ -107,6 +135,9 @@ def main():
     if args.baseline_head:
       row["speedup_vs_transposed_head"] = round(
           row["transposed_head_ms_per_step"] / row["current_ms_per_step"], 3)
+    if args.baseline_sampling:
+      row["speedup_vs_previous_sampling"] = round(
+          row["previous_sampling_ms_per_step"] / row["current_ms_per_step"], 3)
     rows_out.append(row)
   print(json.dumps(dict(benchmark="decode_step", preset=args.preset, rows=n,
                         decode_chunk=k, backend=jax.default_backend(), windows=rows_out)))

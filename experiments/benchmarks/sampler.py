@@ -8,6 +8,7 @@ with tokens/s and the ratio per batch size, and how often both picked the same g
 
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --batches 1,16 --new_tokens 128
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --repeats 3 --join_window_s 0
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def main():
   ap.add_argument("--decode_chunk", type=int, default=16)
   ap.add_argument("--repeats", type=int, default=1)
   ap.add_argument("--torch_threads", type=int, default=0, help="0: PyTorch's default")
+  ap.add_argument("--join_window_s", type=float, default=None,
+                  help="Engine(join_window_s=...); default: the engine's; 0: no join window")
   args = ap.parse_args()
   import torch
   from transformers import AutoModelForCausalLM
@@ -80,11 +83,13 @@ def main():
   engine = Engine(model, max_batch=max(batches), max_len=max_len,
                   prefill_buckets=(args.prompt_len,), prefill_rows=(1, 4),
                   decode_chunk=args.decode_chunk,
+                  **({} if args.join_window_s is None else dict(join_window_s=args.join_window_s)),
                   attn_buckets=tuple(b for b in (128, 256, 512, 1024) if b < max_len) + (max_len,))
   rng = np.random.default_rng(0)
   result = dict(benchmark="sampler", preset=args.preset, prompt_len=args.prompt_len,
                 new_tokens=args.new_tokens, decode_chunk=args.decode_chunk,
-                torch_threads=torch.get_num_threads(), backend=jax.default_backend())
+                torch_threads=torch.get_num_threads(), backend=jax.default_backend(),
+                join_window_s=engine.join_window_s)
   agree = []
   engine.warmup()  # compiles every bucket shape up front
   reused = 0

@@ -28,6 +28,7 @@ import time
 from typing import Hashable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
@@ -148,6 +149,12 @@ class Engine:
     self._cache_dtype = cache_dtype
     self._cache = self._new_cache()
     self._prefill, self._decode = steps.PREFILL, steps.DECODE
+    # On one CPU device, each step's window is built in the previous call's window buffer of the
+    # same kind (see ``sampling.steps``): at most one buffer per kind, no larger than a window.
+    sharding = self._cache.k[0].sharding
+    self._keep_windows = (len(sharding.device_set) == 1
+                          and next(iter(sharding.device_set)).platform == "cpu")
+    self._window_buffers: dict[str, object] = {}
     self._swap_rows = steps.SWAP_ROWS
 
     r = max_batch  # host copy of the per-row decode state
@@ -236,15 +243,13 @@ class Engine:
     for p in self.prefill_rows:
       for t in self.prefill_buckets:
         for a in self.attn_buckets:
-          self._cache = self._prefill(
-              self._graphdef, self._state, self._cache, np.full(p, self.max_batch, np.int32),
-              np.zeros((p, t), np.int32), np.full((p, t), -1, np.int32), attn_len=a)
+          self._call_prefill(np.full(p, self.max_batch, np.int32), np.zeros((p, t), np.int32),
+                             np.full((p, t), -1, np.int32), a)
     for r in self.decode_rows:
       for a in self.attn_buckets:
         rows = jax.tree.map(lambda x: x[:r], self._rows)
         rows = rows._replace(positions=np.full(r, -1, np.int32))
-        self._cache, *_ = self._decode(self._graphdef, self._state, self._cache, rows, num_rows=r,
-                                       attn_len=a, num_steps=self.decode_chunk)
+        self._call_decode(rows, r, a)
     if len(self.decode_rows) > 1:  # row compaction can happen
       self._cache = self._swap_rows(self._cache, np.int32(0), np.int32(0))
     jax.block_until_ready(self._cache)
@@ -480,8 +485,7 @@ class Engine:
       end = max(end, a + n)
     attn = _bucket(self.attn_buckets, end)
     try:
-      self._cache = self._prefill(self._graphdef, self._state, self._cache, slots, ids, pos,
-                                  attn_len=attn)
+      self._call_prefill(slots, ids, pos, attn)
     except Exception as e:  # noqa: BLE001
       if self._cache_lost():
         raise
@@ -495,6 +499,39 @@ class Engine:
       self._stats["prefill_tokens"] += n
       if req.next_prefill >= req.prefill_end:
         self._ready(req)
+
+  def _window_buffer(self, kind: str, shapes):
+    """The kept window buffer of ``kind`` if it has these shapes, else a new one; None when
+    buffers are not kept. The buffer is taken out: a failed call may have consumed it."""
+    if not self._keep_windows:
+      return None
+    buf = self._window_buffers.pop(kind, None)
+    if buf is None or jax.tree.map(lambda b: b.shape, buf) != jax.tree.map(lambda x: x.shape,
+                                                                          shapes):
+      buf = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+    return buf
+
+  def _call_prefill(self, slots, ids, pos, attn: int):
+    buf = self._window_buffer("prefill", steps.window_shapes(self._cache, len(slots), attn))
+    out = self._prefill(self._graphdef, self._state, self._cache, slots, ids, pos, attn_len=attn,
+                        window_buffer=buf)
+    if buf is None:
+      self._cache = out
+    else:
+      self._cache, self._window_buffers["prefill"] = out
+
+  def _call_decode(self, rows, num_rows: int, attn: int):
+    """Runs one decode chunk on rows ``[0, num_rows)``; returns (rows, out_ids, out_logp)."""
+    buf = None
+    if num_rows < self.max_batch or attn < self.max_len:  # else the window is the whole cache
+      shapes = steps.window_shapes(self._cache, num_rows, attn)
+      buf = self._window_buffer("decode", steps.squeeze(shapes) if num_rows == 1 else shapes)
+    out = self._decode(self._graphdef, self._state, self._cache, rows, num_rows=num_rows,
+                       attn_len=attn, num_steps=self.decode_chunk, window_buffer=buf)
+    self._cache = out[0]
+    if buf is not None:
+      self._window_buffers["decode"] = out[4]
+    return out[1:4]
 
   def _compact(self):
     """Moves live rows down into idle ones when that shrinks the decode bucket.
@@ -525,9 +562,7 @@ class Engine:
     num_rows = _bucket(self.decode_rows, max(r.slot for r in ready) + 1)
     attn = _bucket(self.attn_buckets, max(int(self._rows.positions[r.slot]) for r in ready) + k)
     rows = jax.tree.map(lambda x: x[:num_rows], self._rows)
-    self._cache, new_rows, out_ids, out_logp = self._decode(
-        self._graphdef, self._state, self._cache, rows, num_rows=num_rows, attn_len=attn,
-        num_steps=k)
+    new_rows, out_ids, out_logp = self._call_decode(rows, num_rows, attn)
     new_rows, out_ids, out_logp = jax.device_get((new_rows, out_ids, out_logp))
     self._stats["decode_calls"] += 1
     self._stats["decode_row_steps"] += num_rows * k
@@ -616,6 +651,7 @@ class Engine:
   def _step_failure(self, e: Exception):
     """A step failed outside any single request: fail the live ones, rebuild a lost cache."""
     err = errors.SamplingError(f"sampling engine step failed: {e!r}")
+    self._window_buffers.clear()
     for req in list(self._live.values()):
       self._fail(req, err)
     if self._cache_lost():

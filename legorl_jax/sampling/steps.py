@@ -11,6 +11,12 @@ Callers choose ``attn_len`` > every position the call touches. ``PREFILL`` / ``D
 ``SWAP_ROWS`` are the jitted forms, shared by every engine (one executable per model shape and
 bucket), with the cache donated.
 
+Window buffers: slicing a window out of the cache makes XLA allocate it afresh on every call, and
+on CPU a fresh allocation of tens of MB is new pages from the kernel: page faults cost more than
+the copy itself (a 16-row, 128-slot decode call spent ~8 of ~13 ms on them with no step run).
+Both steps therefore take an optional donated ``window_buffer`` of the window's shape, build the
+window in it, and hand it back as an extra last output for the caller to pass next time.
+
 Cache protocol: a row's K/V is valid for positions ``0..p-1`` when its next input token sits
 at position ``p``. Prefill writes a prompt *except its last token*; the decode loop feeds that
 last token, so every sampled token (the first one too) comes out of the same decode step.
@@ -26,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from legorl_jax.sampling.cache import Cache, forward
+from legorl_jax.sampling.cache import K_SLOT_AXIS, SCRATCH, V_SLOT_AXIS, Cache, forward
 from legorl_jax.sampling.sample import row_keys, sample_tokens
 
 
@@ -49,7 +55,7 @@ class DecodeRows(NamedTuple):
 
 
 def prefill(graphdef, state, cache: Cache, slots: jax.Array, ids: jax.Array,
-            positions: jax.Array, *, attn_len: int) -> Cache:
+            positions: jax.Array, *, attn_len: int, window_buffer: Cache | None = None):
   """Writes K/V for a chunk of prompt tokens into some cache rows.
 
   Args:
@@ -58,16 +64,43 @@ def prefill(graphdef, state, cache: Cache, slots: jax.Array, ids: jax.Array,
     slots: int32 [P] cache row of each chunk row; ``>= N`` marks a padding row.
     ids: int32 [P, T] tokens; positions: int32 [P, T] absolute positions, -1 = padding.
     attn_len: static window length, > every position in ``positions``.
+    window_buffer: optional (donated) ``window_shapes(cache, P, attn_len)`` arrays to build the
+      window in (see the module docstring).
   Returns:
-    The updated full cache.
+    The updated full cache, or ``(cache, window)`` when ``window_buffer`` is given.
   """
   model = nnx.merge(graphdef, state)
-  _, sub = forward(model, ids, positions, cache.window(slots, attn_len))
-  return cache.put_window(slots, sub)
+  sub = _into(window_buffer, cache.window(slots, attn_len))
+  _, sub = forward(model, ids, positions, sub)
+  cache = cache.put_window(slots, sub)
+  return cache if window_buffer is None else (cache, sub)
+
+
+def window_shapes(cache: Cache, rows: int, attn_len: int) -> Cache:
+  """ShapeDtypeStructs of ``cache.window`` of ``rows`` rows and ``attn_len`` positions."""
+  def shape(x, axis):
+    dims = list(x.shape)
+    dims[0], dims[axis] = rows, SCRATCH + attn_len
+    return jax.ShapeDtypeStruct(tuple(dims), x.dtype)
+  return Cache(k=tuple(shape(x, K_SLOT_AXIS) for x in cache.k),
+               v=tuple(shape(x, V_SLOT_AXIS) for x in cache.v))
+
+
+def squeeze(window: Cache) -> Cache:
+  """A one-row window's shapes without the batch axis (how the one-row decode loop carries it)."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), window)
+
+
+def _into(buffer: Cache | None, window: Cache) -> Cache:
+  """The window written into ``buffer`` (in place when it is donated), or the window itself."""
+  if buffer is None:
+    return window
+  return jax.tree.map(lambda b, w: jax.lax.dynamic_update_slice(b, w, (0,) * b.ndim),
+                      buffer, window)
 
 
 def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: int,
-                 attn_len: int, num_steps: int):
+                 attn_len: int, num_steps: int, window_buffer: Cache | None = None):
   """Runs up to ``num_steps`` sampling steps for cache rows ``[0, num_rows)`` on device (fewer
   when every row finishes first).
 
@@ -79,10 +112,14 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
     cache: full cache (``sampling.cache`` layout), N rows of S slots.
     rows: DecodeRows of the first ``num_rows`` cache rows.
     num_rows, attn_len, num_steps: static window and loop sizes.
+    window_buffer: optional (donated) arrays of the window's shapes to carry the loop's window
+      in: ``window_shapes(cache, num_rows, attn_len)``, ``squeeze``d for one row (see the
+      module docstring).
 
   Returns:
     (cache, rows, out_ids int32 [K, R], out_logp float32 [K, R]); ``out_ids`` is -1 where the
-    row was inactive at that step.
+    row was inactive at that step. With ``window_buffer``, the loop's final window follows as a
+    fifth output (the buffer for the next call).
   """
   model = nnx.merge(graphdef, state)
   sub = cache.window(num_rows, attn_len)
@@ -90,6 +127,7 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
   squeeze = num_rows == 1
   if squeeze:
     sub = jax.tree.map(lambda x: x[0], sub)
+  sub = _into(window_buffer, sub)
   n, k = num_rows, num_steps
 
   def step(i, carry):
@@ -122,10 +160,13 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
 
   init = (sub, rows, jnp.full((k, n), -1, jnp.int32), jnp.zeros((k, n), jnp.float32))
   _, (sub, rows, out_ids, out_logp) = jax.lax.while_loop(cond, body, (jnp.int32(0), init))
+  carried = sub
   if squeeze:
     sub = jax.tree.map(lambda x: x[None], sub)
   cache = cache.put_window(num_rows, sub)
-  return cache, rows, out_ids, out_logp
+  if window_buffer is None:
+    return cache, rows, out_ids, out_logp
+  return cache, rows, out_ids, out_logp, carried
 
 
 def swap_rows(cache: Cache, i: jax.Array, j: jax.Array) -> Cache:
@@ -150,9 +191,10 @@ def _counted(name, fn):
   return traced
 
 
-# graphdef (arg 0) is static; the cache (arg 2) is donated and updated in place.
+# graphdef (arg 0) is static; the cache and window buffers are donated and updated in place.
 PREFILL = jax.jit(_counted("prefill", prefill), static_argnums=(0,),
-                  static_argnames=("attn_len",), donate_argnums=(2,))
+                  static_argnames=("attn_len",), donate_argnames=("cache", "window_buffer"))
 SWAP_ROWS = jax.jit(_counted("swap_rows", swap_rows), donate_argnums=(0,))
 DECODE = jax.jit(_counted("decode", decode_steps), static_argnums=(0,),
-                 static_argnames=("num_rows", "attn_len", "num_steps"), donate_argnums=(2,))
+                 static_argnames=("num_rows", "attn_len", "num_steps"),
+                 donate_argnames=("cache", "window_buffer"))

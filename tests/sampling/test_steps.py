@@ -1,8 +1,11 @@
-"""Device steps: a decode chunk against a full forward, the one-row path, and that the compiled
-decode loop updates the cache in place (no per-step copy of any layer's cache)."""
+"""Device steps: a decode chunk against a full forward, the one-row path, that the compiled
+decode loop updates the cache in place (no per-step copy of any layer's cache), and that a
+donated window buffer changes nothing but where the window lives."""
 
 import re
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -73,15 +76,65 @@ def test_greedy_decode_matches_full_forward(model, num_rows):
     assert int(np.asarray(ids)[0, 1]) == want
 
 
+def _buffer(shapes, fill=7.0):
+  """A window buffer holding junk: its old content must not leak into the window."""
+  return jax.tree.map(lambda x: jnp.full(x.shape, fill, x.dtype), shapes)
+
+
+@pytest.mark.parametrize("num_rows", [1, ROWS])
+def test_window_buffer_gives_the_same_tokens_and_cache(model, num_rows):
+  """Decode and prefill built in a donated buffer (the engine's CPU path) return the same ids,
+  logprobs and cache as without one; the buffer is consumed and the window handed back."""
+  rng = np.random.default_rng(10 + num_rows)
+  prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in (9, 4, 13, 6)]
+  live = prompts[:num_rows]
+  outs = []
+  for use in (False, True):
+    graphdef, state, cache = _prefilled(model, prompts)
+    extra = {}
+    if use:  # a chunk of the next turn prefilled into rows 0 and 2 through a buffer
+      shapes = steps.window_shapes(cache, 2, 32)
+      buf = _buffer(shapes)
+      cache, win = steps.PREFILL(graphdef, state, cache, np.array([0, 2], np.int32),
+                                 np.array([[5, 6], [7, 8]], np.int32),
+                                 np.array([[20, 21], [22, -1]], np.int32), attn_len=32,
+                                 window_buffer=buf)
+      assert buf.k[0].is_deleted()
+      assert win.k[0].shape == shapes.k[0].shape
+      shapes = steps.window_shapes(cache, num_rows, 32)
+      extra["window_buffer"] = _buffer(steps.squeeze(shapes) if num_rows == 1 else shapes)
+    else:
+      cache = steps.PREFILL(graphdef, state, cache, np.array([0, 2], np.int32),
+                            np.array([[5, 6], [7, 8]], np.int32),
+                            np.array([[20, 21], [22, -1]], np.int32), attn_len=32)
+    rows = _rows([p[-1] for p in live], [len(p) - 1 for p in live])
+    out = steps.DECODE(graphdef, state, cache, rows, num_rows=num_rows, attn_len=32,
+                       num_steps=STEPS, **extra)
+    assert len(out) == (5 if use else 4)
+    if use:
+      assert extra["window_buffer"].k[0].is_deleted()
+    outs.append(jax.device_get(out[:4]))
+  (cache_a, rows_a, ids_a, logp_a), (cache_b, rows_b, ids_b, logp_b) = outs
+  np.testing.assert_array_equal(ids_a, ids_b)
+  np.testing.assert_array_equal(logp_a, logp_b)
+  for a, b in zip(cache_a.k + cache_a.v, cache_b.k + cache_b.v):
+    np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("num_rows", [1, 2, ROWS])
-def test_decode_loop_updates_cache_in_place(model, num_rows):
+@pytest.mark.parametrize("buffered", [False, True])
+def test_decode_loop_updates_cache_in_place(model, num_rows, buffered):
   """No op in the compiled decode copies a whole layer's cache window (a copy per step per layer
-  once cost more than the model's matmuls)."""
+  once cost more than the model's matmuls), with or without a window buffer."""
   graphdef, state = nnx.split(model)
   cache = Cache.zeros(model.config, ROWS, MAX_LEN)
   rows = _rows([1] * num_rows, list(range(num_rows)))
+  extra = {}
+  if buffered:
+    shapes = steps.window_shapes(cache, num_rows, 32)
+    extra["window_buffer"] = steps.squeeze(shapes) if num_rows == 1 else shapes
   hlo = steps.DECODE.lower(graphdef, state, cache, rows, num_rows=num_rows, attn_len=32,
-                           num_steps=STEPS).compile().as_text()
+                           num_steps=STEPS, **extra).compile().as_text()
   c = model.config
   n, h, d, s = num_rows, c.num_kv_heads, c.head_dim, 32 + SCRATCH
   shapes = {f"f32[{n},{h},{d},{s}]", f"f32[{n},{h},{s},{d}]",
