@@ -4,11 +4,15 @@
 once with ``debootstrap`` and ``docker import``. The tag carries a hash of the recipe, so a
 changed recipe builds a new image and an unchanged one is found again in milliseconds. The
 rootfs tarball is also kept in a cache directory, so a fresh Docker engine re-imports it
-without downloading anything.
+without downloading anything. Concurrent callers (the trials of a group on a fresh machine,
+several processes) build it once: a process lock and a lock file serialise the build, and the
+tarball is written under a private name before it is moved into place.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -16,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 
 from legorl_jax.errors import SandboxError
 
@@ -23,6 +28,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_REPO = "legorl/base"
 RECIPE_VERSION = 1
+_BUILD_LOCK = threading.Lock()  # one build per process at a time; the lock file covers processes
 
 
 def default_cache_dir() -> str:
@@ -53,15 +59,29 @@ def ensure_base_image(client, *, suite: str = "bookworm", packages: tuple[str, .
   if image_exists(client, tag):
     return tag
   cache_dir = cache_dir or default_cache_dir()
+  os.makedirs(cache_dir, exist_ok=True)
   tarball = os.path.join(cache_dir, f"rootfs-{h}.tar")
-  if not os.path.isfile(tarball):
-    _build_rootfs_tar(tarball, suite, packages, variant, mirror)
-  log.info("importing %s as %s", tarball, tag)
-  client.api.import_image_from_file(tarball, repository=IMAGE_REPO, tag=h,
-                                    changes=['CMD ["/bin/sh"]', "ENV LANG=C.UTF-8"])
+  with _BUILD_LOCK, _file_lock(os.path.join(cache_dir, f"rootfs-{h}.lock")):
+    if image_exists(client, tag):  # another caller built it while this one waited
+      return tag
+    if not os.path.isfile(tarball):
+      _build_rootfs_tar(tarball, suite, packages, variant, mirror)
+    log.info("importing %s as %s", tarball, tag)
+    client.api.import_image_from_file(tarball, repository=IMAGE_REPO, tag=h,
+                                      changes=['CMD ["/bin/sh"]', "ENV LANG=C.UTF-8"])
   if not image_exists(client, tag):
     raise SandboxError(f"docker import of {tarball} did not produce {tag}")
   return tag
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+  with open(path, "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _build_rootfs_tar(tarball, suite, packages, variant, mirror):
@@ -86,9 +106,16 @@ def _build_rootfs_tar(tarball, suite, packages, variant, mirror):
       shutil.rmtree(os.path.join(rootfs, d), ignore_errors=True)
     os.makedirs(os.path.join(rootfs, "home", "agent"), exist_ok=True)
     os.chown(os.path.join(rootfs, "home", "agent"), 1000, 1000)
-    part = tarball + ".part"
-    p = subprocess.run(["tar", "-C", rootfs, "--numeric-owner", "--exclude=./proc/*", "--exclude=./sys/*",
-                        "--exclude=./dev/*", "-cf", part, "."], capture_output=True, text=True)
-    if p.returncode != 0:
-      raise SandboxError(f"cannot archive the rootfs: {p.stderr[-500:]}")
-    os.replace(part, tarball)
+    fd, part = tempfile.mkstemp(prefix=os.path.basename(tarball) + ".", suffix=".part",
+                                dir=os.path.dirname(tarball))
+    os.close(fd)
+    try:
+      p = subprocess.run(["tar", "-C", rootfs, "--numeric-owner", "--exclude=./proc/*",
+                          "--exclude=./sys/*", "--exclude=./dev/*", "-cf", part, "."],
+                         capture_output=True, text=True)
+      if p.returncode != 0:
+        raise SandboxError(f"cannot archive the rootfs: {p.stderr[-500:]}")
+      os.replace(part, tarball)
+    finally:
+      if os.path.exists(part):
+        os.unlink(part)

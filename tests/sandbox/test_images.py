@@ -1,0 +1,67 @@
+"""Base image builds against a real Docker engine: concurrent callers build and import once.
+
+The rootfs builder is swapped for one that writes a tiny tarball slowly (debootstrap takes a
+minute), so the callers overlap for certain; the import, the tag and the engine are real.
+"""
+
+import concurrent.futures
+import io
+import os
+import tarfile
+import threading
+import time
+import uuid
+
+import pytest
+
+from legorl_jax.sandbox import images
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def client():
+  try:
+    import docker
+    c = docker.from_env(timeout=300)
+    c.ping()
+    return c
+  except Exception as e:  # noqa: BLE001
+    pytest.skip(f"no Docker engine reachable ({e}); run .ci/setup_system.sh as root to install and start one")
+
+
+def test_concurrent_callers_build_the_image_once(client, tmp_path, monkeypatch):
+  calls = []
+  active = threading.Semaphore(1)
+
+  def slow_build(tarball, suite, packages, variant, mirror):
+    assert active.acquire(blocking=False), "two builds of one recipe ran at the same time"
+    try:
+      calls.append(tarball)
+      time.sleep(0.5)
+      buf = io.BytesIO()
+      with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"built once\n"
+        info = tarfile.TarInfo("etc/legorl-test")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+      with open(tarball, "wb") as f:
+        f.write(buf.getvalue())
+    finally:
+      active.release()
+
+  monkeypatch.setattr(images, "_build_rootfs_tar", slow_build)
+  mirror = f"http://unused.invalid/{uuid.uuid4().hex}"  # a recipe no engine has seen
+  tag = f"{images.IMAGE_REPO}:{images.recipe_hash('bookworm', ('python3', 'git'), 'minbase', mirror)}"
+  try:
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+      tags = list(pool.map(lambda _: images.ensure_base_image(client, mirror=mirror,
+                                                              cache_dir=str(tmp_path)), range(4)))
+    assert tags == [tag] * 4
+    assert len(calls) == 1
+    assert images.image_exists(client, tag)
+    assert sorted(os.listdir(tmp_path)) == sorted(  # no stray partial tarballs
+        [os.path.basename(calls[0]), os.path.basename(calls[0])[:-len(".tar")] + ".lock"])
+  finally:
+    if images.image_exists(client, tag):
+      client.images.remove(tag, force=True)
