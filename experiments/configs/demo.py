@@ -2,7 +2,7 @@
 
   python -m experiments.train --config=experiments/configs/demo.py --workdir=/tmp/legorl_demo
 
-Sized for a 2-core machine and under 20 minutes (14-17 measured). Training tasks are renamed
+Sized for a 2-core machine and under 20 minutes (11-17 measured). Training tasks are renamed
 variants of the synthetic templates (``tasks.variants``), so the tiny policy cannot memorise
 file paths and lines and has to copy names from the instruction. Held-out tasks are
 repositories under names no training task uses (``tasks.held_out = "names"``); held-out
