@@ -15,19 +15,14 @@ import uuid
 import pytest
 
 from legorl_jax.sandbox import images
+from tests.sandbox.test_docker_sandbox import _engine
 
 pytestmark = pytest.mark.docker
 
 
 @pytest.fixture(scope="module")
 def client():
-  try:
-    import docker
-    c = docker.from_env(timeout=300)
-    c.ping()
-    return c
-  except Exception as e:  # noqa: BLE001
-    pytest.skip(f"no Docker engine reachable ({e}); run .ci/setup_system.sh as root to install and start one")
+  return _engine()
 
 
 def test_concurrent_callers_build_the_image_once(client, tmp_path, monkeypatch):
