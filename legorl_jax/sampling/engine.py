@@ -108,7 +108,7 @@ class Engine:
       (while rows are free). Callers that submit together (a group of trials, a benchmark's
       threads) land a few ms apart; without the wait the first arrivals decode a whole chunk
       before the rest join. The first rows' prefill runs meanwhile, so the wait is mostly
-      hidden. 0 disables it.
+      hidden. Only requests submitted within the window join; 0 disables it.
   """
 
   def __init__(self, model: Decoder, *, max_batch: int = 16, max_len: int = 2048,
@@ -395,35 +395,39 @@ class Engine:
 
   def _step(self):
     """One scheduling round: admit, maybe swap parameters, prefill, one decode chunk."""
-    # Prefill everything admitted before decoding, and admit what arrives meanwhile (within
-    # join_window_s of the last admission): rows then join the decode batch together instead of
-    # a decode chunk apart each, and the batch runs at full width for longer. Each admitting
-    # round fills at least one free row, so this ends within max_batch + 1 rounds.
+    # Prefill everything admitted before decoding, and admit what arrives within join_window_s
+    # of the last admission (submitted by then): rows then join the decode batch together
+    # instead of a decode chunk apart each, and the batch runs at full width for longer. A
+    # later arrival waits for the next round, so live rows are not held back by a stream of
+    # arrivals; each extra round needs an admission, so this ends within max_batch + 1 rounds.
     last_admit = None
     for round_ in range(self.max_batch + 1):
       if self._admit_queued():
         last_admit = time.perf_counter()
       elif round_ > 0:
-        if last_admit is None or not self._wait_for_arrival(last_admit + self.join_window_s):
-          break
-        continue
+        break
       for _ in range(self.max_batch):
         if not any(r.next_prefill < r.prefill_end for r in self._live.values()):
           break
         self._run_prefill()
+      if (last_admit is None or not self.join_window_s
+          or not self._wait_for_arrival(last_admit + self.join_window_s)):
+        break
     if any(r.next_prefill >= r.prefill_end for r in self._live.values()):
       self._compact()
       self._run_decode()
 
   def _wait_for_arrival(self, deadline: float) -> bool:
-    """Waits until ``deadline`` for a queued request while a row is free; True if one came."""
+    """True if a request submitted by ``deadline`` is queued while a row is free (waiting until
+    ``deadline`` for one)."""
     with self._cv:
       while not (self._queue or self._stopping or self._update is not None):
         left = deadline - time.perf_counter()
         if left <= 0 or self._slots.num_free() == 0:
           break
         self._cv.wait(left)
-      return (bool(self._queue) and self._slots.num_free() > 0 and not self._stopping
+      return (bool(self._queue) and self._queue[0].t_submit <= deadline
+              and self._slots.num_free() > 0 and not self._stopping
               and self._update is None)  # an update admits only earlier requests first
 
   def _admit_queued(self) -> bool:
@@ -509,6 +513,10 @@ class Engine:
     if buf is None or jax.tree.map(lambda b: b.shape, buf) != jax.tree.map(lambda x: x.shape,
                                                                           shapes):
       buf = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+      # A kept buffer is a step's output, committed to its device when the cache or parameters
+      # are; a new one must match, or the step would trace again for the other kind of input.
+      if any(x.committed for x in (self._cache.k[0], *jax.tree.leaves(self._state))):
+        buf = jax.device_put(buf, self._cache.k[0].sharding)
     return buf
 
   def _call_prefill(self, slots, ids, pos, attn: int):

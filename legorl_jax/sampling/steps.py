@@ -136,7 +136,10 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
     hidden, sub = forward(model, r.tokens[:, None], r.positions[:, None], sub)
     logits = model.logits_from_hidden(hidden[:, 0])
     keys = row_keys(r.seeds, jnp.maximum(r.positions, 0))
-    ids, logp = sample_tokens(logits, keys, r.temperature, r.top_p, r.top_k)
+    # Inactive rows (idle, or finished) count as greedy: their tokens are dropped, and a batch
+    # whose live rows are all greedy then skips the sampler's draw.
+    temperature = jnp.where(active, r.temperature, 0.0)
+    ids, logp = sample_tokens(logits, keys, temperature, r.top_p, r.top_k)
     remaining = r.remaining - active.astype(jnp.int32)
     hit_stop = jnp.any(ids[:, None] == r.stop_ids, axis=-1)
     done = active & (hit_stop | (remaining <= 0))

@@ -256,6 +256,26 @@ def test_sharded_model_matches_single_device(model):
     np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
 
 
+def test_no_recompilation_after_warmup_with_committed_parameters():
+  """Parameters placed on a one-device mesh are committed, so every step's outputs are, the
+  kept window buffers included; new buffers are committed to match, or each bucket would trace
+  again on its second use."""
+  from legorl_jax.sharding.mesh import single_device_mesh
+  placed = create_model("tiny", seed=0, mesh=single_device_mesh())
+  kw = dict(ENGINE_KW, decode_rows=(1, 4))
+  eng = Engine(placed, seed=1, **kw)
+  eng.warmup()
+  before = dict(COMPILATIONS)
+  with eng:
+    for i in range(3):
+      eng.generate(_prompt(20, seed=1100 + i), SamplingParams(max_tokens=20))
+    futures = [eng.submit(_prompt(10 + i, seed=1200 + i), SamplingParams(max_tokens=12))
+               for i in range(4)]
+    for f in futures:
+      f.result(timeout=300)
+  assert dict(COMPILATIONS) == before
+
+
 def test_stragglers_in_high_rows_are_compacted_and_sample_the_same(model):
   """A long request left alone in the last row moves to row 0 (its idle neighbour's cached
   prefix swapped up, not lost): later chunks decode one row instead of four, and the tokens and
@@ -336,3 +356,27 @@ def test_requests_arriving_together_join_one_decode_batch(model, window, calls):
 def test_join_window_is_validated(model):
   with pytest.raises(errors.ConfigError, match="join_window_s"):
     Engine(model, join_window_s=-1, **ENGINE_KW)
+
+
+def test_a_request_submitted_after_the_join_window_waits_for_the_next_chunk(model):
+  """Only requests submitted within join_window_s of the last admission join before decoding:
+  one that arrives during a slow prefill, after the window, leaves the live row to decode its
+  chunk first (a stream of arrivals cannot hold live rows back)."""
+  params = SamplingParams(max_tokens=ENGINE_KW["decode_chunk"])
+  with Engine(model, seed=1, join_window_s=0.05, **ENGINE_KW) as eng:
+    started = threading.Event()
+    original = eng._run_prefill  # noqa: SLF001 -- a slow prefill, as a long prompt on CPU
+
+    def slow_prefill():
+      started.set()
+      threading.Event().wait(0.6)
+      original()
+
+    eng._run_prefill = slow_prefill  # noqa: SLF001
+    first = eng.submit(_prompt(7, seed=110), params)
+    assert started.wait(300)
+    threading.Event().wait(0.2)  # past the window, while the first prompt is still prefilling
+    second = eng.submit(_prompt(8, seed=111), params)
+    first.result(timeout=300)
+    second.result(timeout=300)
+    assert eng.stats()["decode_calls"] == 2
