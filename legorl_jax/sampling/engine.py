@@ -150,7 +150,8 @@ class Engine:
     self._cache = self._new_cache()
     self._prefill, self._decode = steps.PREFILL, steps.DECODE
     # On one CPU device, each step's window is built in the previous call's window buffer of the
-    # same kind (see ``sampling.steps``): at most one buffer per kind, no larger than a window.
+    # same kind (see ``sampling.steps``): one for decode, one per prefill row bucket, each no
+    # larger than its window.
     sharding = self._cache.k[0].sharding
     self._keep_windows = (len(sharding.device_set) == 1
                           and next(iter(sharding.device_set)).platform == "cpu")
@@ -520,13 +521,15 @@ class Engine:
     return buf
 
   def _call_prefill(self, slots, ids, pos, attn: int):
-    buf = self._window_buffer("prefill", steps.window_shapes(self._cache, len(slots), attn))
+    # One buffer per prefill row bucket: a burst of arrivals alternates 1-row and 4-row groups.
+    kind = f"prefill/{len(slots)}"
+    buf = self._window_buffer(kind, steps.window_shapes(self._cache, len(slots), attn))
     out = self._prefill(self._graphdef, self._state, self._cache, slots, ids, pos, attn_len=attn,
                         window_buffer=buf)
     if buf is None:
       self._cache = out
     else:
-      self._cache, self._window_buffers["prefill"] = out
+      self._cache, self._window_buffers[kind] = out
 
   def _call_decode(self, rows, num_rows: int, attn: int):
     """Runs one decode chunk on rows ``[0, num_rows)``; returns (rows, out_ids, out_logp)."""
