@@ -56,8 +56,7 @@ def main():
       state_by_variant = {}
       for variant in ("buffer", "no_buffer"):
         cache = Cache.zeros(model.config, cache_rows, slots)
-        shapes = steps.window_shapes(cache, rows, window)
-        shapes = steps.squeeze(shapes) if rows == 1 else shapes
+        shapes = steps.decode_window_shapes(cache, rows, window)
         buf = (jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
                if variant == "buffer" else None)
         state_by_variant[variant] = [cache, buf, [], 0]

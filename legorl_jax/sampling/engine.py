@@ -535,8 +535,7 @@ class Engine:
     """Runs one decode chunk on rows ``[0, num_rows)``; returns (rows, out_ids, out_logp)."""
     buf = None
     if num_rows < self.max_batch or attn < self.max_len:  # else the window is the whole cache
-      shapes = steps.window_shapes(self._cache, num_rows, attn)
-      buf = self._window_buffer("decode", steps.squeeze(shapes) if num_rows == 1 else shapes)
+      buf = self._window_buffer("decode", steps.decode_window_shapes(self._cache, num_rows, attn))
     out = self._decode(self._graphdef, self._state, self._cache, rows, num_rows=num_rows,
                        attn_len=attn, num_steps=self.decode_chunk, window_buffer=buf)
     self._cache = out[0]

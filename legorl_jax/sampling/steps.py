@@ -91,6 +91,12 @@ def squeeze(window: Cache) -> Cache:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), window)
 
 
+def decode_window_shapes(cache: Cache, num_rows: int, attn_len: int) -> Cache:
+  """The shapes of ``decode_steps``' window buffer: ``window_shapes``, squeezed for one row."""
+  shapes = window_shapes(cache, num_rows, attn_len)
+  return squeeze(shapes) if num_rows == 1 else shapes
+
+
 def _into(buffer: Cache | None, window: Cache) -> Cache:
   """The window written into ``buffer`` (in place when it is donated), or the window itself."""
   if buffer is None:
@@ -113,8 +119,7 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
     rows: DecodeRows of the first ``num_rows`` cache rows.
     num_rows, attn_len, num_steps: static window and loop sizes.
     window_buffer: optional (donated) arrays of the window's shapes to carry the loop's window
-      in: ``window_shapes(cache, num_rows, attn_len)``, ``squeeze``d for one row (see the
-      module docstring).
+      in: ``decode_window_shapes(cache, num_rows, attn_len)`` (see the module docstring).
 
   Returns:
     (cache, rows, out_ids int32 [K, R], out_logp float32 [K, R]); ``out_ids`` is -1 where the

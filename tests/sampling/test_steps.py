@@ -101,8 +101,7 @@ def test_window_buffer_gives_the_same_tokens_and_cache(model, num_rows):
                                  window_buffer=buf)
       assert buf.k[0].is_deleted()
       assert win.k[0].shape == shapes.k[0].shape
-      shapes = steps.window_shapes(cache, num_rows, 32)
-      extra["window_buffer"] = _buffer(steps.squeeze(shapes) if num_rows == 1 else shapes)
+      extra["window_buffer"] = _buffer(steps.decode_window_shapes(cache, num_rows, 32))
     else:
       cache = steps.PREFILL(graphdef, state, cache, np.array([0, 2], np.int32),
                             np.array([[5, 6], [7, 8]], np.int32),
@@ -131,8 +130,7 @@ def test_decode_loop_updates_cache_in_place(model, num_rows, buffered):
   rows = _rows([1] * num_rows, list(range(num_rows)))
   extra = {}
   if buffered:
-    shapes = steps.window_shapes(cache, num_rows, 32)
-    extra["window_buffer"] = steps.squeeze(shapes) if num_rows == 1 else shapes
+    extra["window_buffer"] = steps.decode_window_shapes(cache, num_rows, 32)
   hlo = steps.DECODE.lower(graphdef, state, cache, rows, num_rows=num_rows, attn_len=32,
                            num_steps=STEPS, **extra).compile().as_text()
   c = model.config
