@@ -51,37 +51,40 @@ def main(argv):
   sft_s = time.perf_counter() - t0
 
   _, val_tasks, _ = pipeline.load_tasks(cfg)
+  extra_sets = pipeline.extra_held_out_sets(cfg)
   adapter = registry.get_adapter(cfg.harness.eval_name or cfg.harness.name.split(":")[0])
   trial_cfg = TrialConfig(harness_timeout_s=float(cfg.harness.timeout_s), max_turns=int(cfg.harness.max_turns),
                           sandbox=SandboxConfig(backend=cfg.sandbox.backend))
   service = PolicyService(learner.model(), tokenizer, cfg, os.path.join(out_dir, "sockets"))
   try:
-    ev = pipeline.evaluate(service, val_tasks, adapter, trial_cfg, cfg, os.path.join(out_dir, "eval"))
+    ev = pipeline.evaluate_held_out(service, val_tasks, extra_sets, adapter, trial_cfg, cfg,
+                                    os.path.join(out_dir, "eval"))
   finally:
     service.close()
   n = int(cfg.eval.samples)
-  rows = {
-      "after SFT (start of RL)": (summary["val_solve_rate_before_rl"], summary["val_greedy_solve_rate_before_rl"],
-                                  summary[f"val_pass@{n}_before_rl"]),
-      f"+ RL ({summary['rl_s']:.0f} s)": (summary["val_solve_rate_after_rl"], summary["val_greedy_solve_rate_after_rl"],
-                                           summary[f"val_pass@{n}_after_rl"]),
-      f"+ SFT ({sft_s:.0f} s, {last.get('sft_step', 0)} steps)": (ev["solve_rate"], ev.get("greedy_solve_rate"),
-                                                                   ev[f"pass@{n}"]),
-  }
-  print(f"{'held-out':38} {'sampled':>8} {'greedy':>8} {'pass@' + str(n):>8}")
-  for name, (s, g, p) in rows.items():
-    print(f"{name:38} {s:8.3f} {g if g is not None else float('nan'):8.3f} {p:8.3f}")
-  print(json.dumps({
-      "benchmark": "rl_vs_sft", "workdir": wd, "seconds": budget, "sft_continuation_s": sft_s,
-      "sft_continuation_steps": last.get("sft_step", 0), "load_avg_1m": os.getloadavg()[0],
-      "val_solve_rate_before": summary["val_solve_rate_before_rl"],
-      "val_solve_rate_after_rl": summary["val_solve_rate_after_rl"],
-      "val_solve_rate_after_sft_continuation": ev["solve_rate"],
-      "val_greedy_after_rl": summary["val_greedy_solve_rate_after_rl"],
-      "val_greedy_after_sft_continuation": ev.get("greedy_solve_rate"),
-      f"val_pass@{n}_after_rl": summary[f"val_pass@{n}_after_rl"],
-      f"val_pass@{n}_after_sft_continuation": ev[f"pass@{n}"]}))
-
+  line = {"benchmark": "rl_vs_sft", "workdir": wd, "policy": summary.get("policy"),
+          "trainable": summary.get("trainable"), "seconds": budget, "sft_continuation_s": sft_s,
+          "sft_continuation_steps": last.get("sft_step", 0), "load_avg_1m": os.getloadavg()[0]}
+  # One table per held-out set: the main one ("val_..." in summary.json), then the extras
+  # ("val_MODE_...").
+  for mode in ("", *extra_sets):
+    pre, evk = (f"val_{mode}_", f"{mode}/") if mode else ("val_", "")
+    title = f"held-out ({mode or cfg.tasks.get('held_out', 'templates')})"
+    rows = {
+        "after SFT (start of RL)": [summary.get(f"{pre}{k}_before_rl")
+                                    for k in ("solve_rate", "greedy_solve_rate", f"pass@{n}")],
+        f"+ RL ({summary['rl_s']:.0f} s)": [summary.get(f"{pre}{k}_after_rl")
+                                             for k in ("solve_rate", "greedy_solve_rate", f"pass@{n}")],
+        f"+ SFT ({sft_s:.0f} s, {last.get('sft_step', 0)} steps)": [
+            ev.get(f"{evk}{k}") for k in ("solve_rate", "greedy_solve_rate", f"pass@{n}")],
+    }
+    print(f"{title:38} {'sampled':>8} {'greedy':>8} {'pass@' + str(n):>8}")
+    for name, vals in rows.items():
+      print(f"{name:38} " + " ".join(f"{v if v is not None else float('nan'):8.3f}" for v in vals))
+    for label, (s_, g, p) in zip(("before", "after_rl", "after_sft_continuation"), rows.values()):
+      line.update({f"{pre}solve_rate_{label}": s_, f"{pre}greedy_{label}": g,
+                   f"{pre}pass@{n}_{label}": p})
+  print(json.dumps(line))
 
 if __name__ == "__main__":
   app.run(main)

@@ -21,6 +21,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.tasks.num_val = 48
   c.tasks.variants = 1          # renamed copies per synthetic training task (1: original names)
   c.tasks.held_out = "templates"  # synthetic validation: unseen "templates" or unseen "names"
+  c.tasks.also_held_out = ()      # more held-out sets evaluated beside it, e.g. ("templates",)
 
   c.harness = ml_collections.ConfigDict()
   c.harness.name = "builtin"

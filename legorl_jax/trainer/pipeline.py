@@ -58,12 +58,15 @@ def build_policy(cfg):
   return model, tokenizer
 
 
-def held_out_tasks(cfg):
-  """Synthetic validation tasks. ``tasks.held_out``: "templates" (default) holds out whole
-  (template, function) pairs; "names" holds out repositories: the training pairs' bugs under
-  names (package, module, variables) that no training task uses, which measures whether the
-  policy reads the repository it is given rather than recalling the ones it trained on."""
-  mode = cfg.tasks.get("held_out", "templates")
+HELD_OUT_MODES = ("templates", "names")
+
+
+def held_out_tasks(cfg, mode: str | None = None):
+  """Synthetic validation tasks. ``mode`` (default ``tasks.held_out``): "templates" holds out
+  whole (template, function) pairs; "names" holds out repositories: the training pairs' bugs
+  under names (package, module, variables) that no training task uses, which measures whether
+  the policy reads the repository it is given rather than recalling the ones it trained on."""
+  mode = mode or cfg.tasks.get("held_out", "templates")
   if mode == "templates":
     return synthetic.generate_tasks(int(cfg.tasks.num_val), seed=int(cfg.seed),
                                     difficulty=cfg.tasks.difficulty, split="validation")
@@ -72,6 +75,23 @@ def held_out_tasks(cfg):
                                     difficulty=cfg.tasks.difficulty, split="train", variants=2,
                                     first_variant=max(1, int(cfg.tasks.get("variants", 1))))
   raise errors.ConfigError(f"config tasks.held_out={mode!r} is invalid; choose 'templates' or 'names'.")
+
+
+def extra_held_out_sets(cfg) -> dict[str, list]:
+  """The held-out sets evaluated beside the main one (``tasks.also_held_out``, synthetic tasks
+  only), by mode: e.g. a demo that holds out repository names also reports unseen templates."""
+  extra = cfg.tasks.get("also_held_out", ()) or ()
+  if isinstance(extra, str):
+    extra = tuple(x for x in extra.split(",") if x)
+  for mode in extra:
+    if mode not in HELD_OUT_MODES:
+      raise errors.ConfigError(
+          f"config tasks.also_held_out has {mode!r}; each entry must be one of {HELD_OUT_MODES}.")
+  if extra and cfg.tasks.source != "synthetic":
+    raise errors.ConfigError("config tasks.also_held_out needs tasks.source='synthetic'; set it to "
+                             "() for a task dataset (its validation split is the held-out set).")
+  main = cfg.tasks.get("held_out", "templates")
+  return {mode: held_out_tasks(cfg, mode) for mode in extra if mode != main}
 
 
 def load_tasks(cfg):
@@ -130,6 +150,25 @@ def evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir, *, trials_path=No
   return out
 
 
+def evaluate_held_out(service, tasks, extra_sets, adapter, trial_cfg, cfg, out_dir, *,
+                      trials_path=None, step=0, phase="eval") -> dict:
+  """``evaluate`` on the main held-out tasks, then on each extra set (``extra_held_out_sets``),
+  whose results join the main ones under ``MODE/KEY`` (e.g. ``templates/solve_rate``)."""
+  out = evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir, trials_path=trials_path,
+                 step=step, phase=phase)
+  for mode, extra in extra_sets.items():
+    res = evaluate(service, extra, adapter, trial_cfg, cfg, f"{out_dir}_{mode}",
+                   trials_path=trials_path, step=step, phase=f"{phase}_{mode}")
+    out.update({f"{mode}/{k}": v for k, v in res.items()})
+  return out
+
+
+def policy_name(cfg) -> str:
+  """What the run started from, as a person would name it: a pretrained model's name, a
+  checkpoint directory, or a preset."""
+  return (cfg.model.get("pretrained", "") or cfg.model.checkpoint or f"preset:{cfg.model.preset}")
+
+
 def _eval_trials(tasks, adapter, n, proxy, trial_cfg, cfg, out_dir):
   """``n`` trials per task, this host's share of the tasks; every host's results returned.
 
@@ -184,8 +223,10 @@ def run(cfg, workdir: str) -> dict:
     paths.write_text(paths.join(workdir, "config.json"), cfg.to_json(indent=2))
   writer = MetricsWriter(workdir, primary=primary)
   t_start = time.perf_counter()
+  wall: dict[str, float] = {}  # seconds per phase, this process's run (a resumed run: from here)
   model, tokenizer = build_policy(cfg)
   loader, val_tasks, train_tasks = load_tasks(cfg)
+  extra_sets = extra_held_out_sets(cfg)
   chooser = harness_registry.HarnessChooser.from_spec(cfg.harness.name,
                                                      validation=cfg.harness.eval_name or None)
   adapters = {name: harness_registry.get_adapter(name) for name in chooser.harnesses}
@@ -252,10 +293,12 @@ def run(cfg, workdir: str) -> dict:
       summary.update({k.replace("check/", "sft_check_"): v for k, v in last.items() if k.startswith("check/")})
       summary.update(sft_demos=len(demos), sft_steps=last.get("sft_step"), sft_final_nll=last.get("nll"),
                      sft_demo_collection_s=t_demo, sft_s=time.perf_counter() - t0)
+      wall.update(sft_demos=t_demo, sft=time.perf_counter() - t0 - t_demo)
     host["phase"] = "eval_before"
     ckpt.save(0, learner.state, host=host, force=True)
     ckpt.wait()
 
+  wall["setup"] = time.perf_counter() - t_start - wall.get("sft_demos", 0.0) - wall.get("sft", 0.0)
   service = PolicyService(_sampler_model(learner), tokenizer, cfg, sockets)
   try:
     if host["phase"] == "eval_before" and not cfg.eval.before_after:
@@ -267,10 +310,10 @@ def run(cfg, workdir: str) -> dict:
         before = json.loads(paths.read_text(before_path))
       else:
         t0 = time.perf_counter()
-        before = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
-                          distributed.host_local_dir(workdir, "eval/before_rl"),
-                          trials_path=trials_path, step=0, phase="eval_before_rl")
-        before["eval_s"] = time.perf_counter() - t0
+        before = evaluate_held_out(service, val_tasks, extra_sets, eval_adapter, trial_cfg, cfg,
+                                   distributed.host_local_dir(workdir, "eval/before_rl"),
+                                   trials_path=trials_path, step=0, phase="eval_before_rl")
+        before["eval_s"] = wall["eval_before"] = time.perf_counter() - t0
         writer.write(0, before, phase="eval")
         if primary:
           paths.write_text(before_path, json.dumps(before))
@@ -281,12 +324,16 @@ def run(cfg, workdir: str) -> dict:
     rl_summary = _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, host,
                      workdir, val_tasks, eval_adapter, trials_path)
     summary.update(rl_summary)
+    if "rl_s" in rl_summary:
+      wall["rl"] = rl_summary["rl_s"]
 
     after = {}
     if cfg.eval.before_after:
-      after = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
-                       distributed.host_local_dir(workdir, "eval/after_rl"), trials_path=trials_path,
-                       step=host["rl_step"], phase="eval_after_rl")
+      t0 = time.perf_counter()
+      after = evaluate_held_out(service, val_tasks, extra_sets, eval_adapter, trial_cfg, cfg,
+                                distributed.host_local_dir(workdir, "eval/after_rl"),
+                                trials_path=trials_path, step=host["rl_step"], phase="eval_after_rl")
+      wall["eval_after"] = time.perf_counter() - t0
       writer.write(host["rl_step"], after, phase="eval")
       print(f"[eval after RL] {json.dumps(after)}", flush=True)
   finally:
@@ -306,7 +353,16 @@ def run(cfg, workdir: str) -> dict:
       "val_tasks": len(val_tasks), "eval_samples_per_task": n,
       "rl_steps": host["rl_step"], "mode": cfg.trainer.mode,
       "wall_s": time.perf_counter() - t_start,
+      "wall_s_by_phase": wall,
+      "policy": policy_name(cfg),
+      "trainable": str(cfg.trainer.get("trainable", "all")),
   })
+  for mode, extra in extra_sets.items():
+    summary[f"val_{mode}_tasks"] = len(extra)
+    for key, name in (("solve_rate", "solve_rate"), ("greedy_solve_rate", "greedy_solve_rate"),
+                      (f"pass@{n}", f"pass@{n}")):
+      summary[f"val_{mode}_{name}_before_rl"] = before.get(f"{mode}/{key}")
+      summary[f"val_{mode}_{name}_after_rl"] = after.get(f"{mode}/{key}")
   if primary:
     paths.write_text(paths.join(workdir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True))
   return summary

@@ -36,7 +36,7 @@ def _lines(path):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("run")
-  r = _train(workdir, "--config.trainer.steps=1")
+  r = _train(workdir, "--config.trainer.steps=1", "--config.tasks.also_held_out=('templates',)")
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
   return workdir, r
 
@@ -47,8 +47,14 @@ def test_summary_and_accounting(run):
   summary = json.load(open(workdir / "summary.json"))
   for key in ("val_solve_rate_before_rl", "val_solve_rate_after_rl", "val_greedy_solve_rate_before_rl",
               "val_greedy_solve_rate_after_rl", "val_pass@2_before_rl", "val_pass@2_after_rl",
-              "sft_demos", "rl_steps"):
+              "sft_demos", "rl_steps", "val_templates_solve_rate_before_rl",
+              "val_templates_greedy_solve_rate_after_rl", "val_templates_pass@2_after_rl"):
     assert key in summary, key
+  assert summary["policy"] == "preset:tiny" and summary["trainable"] == "all"
+  assert summary["val_templates_tasks"] == 2
+  phase_s = summary["wall_s_by_phase"]
+  assert set(phase_s) == {"setup", "sft_demos", "sft", "eval_before", "rl", "eval_after"}, phase_s
+  assert all(v > 0 for v in phase_s.values()) and sum(phase_s.values()) <= summary["wall_s"]
   assert summary["sft_demos"] == 4  # the scripted policy solves every demo task (+2 held out)
   # The RL phase's CPU (this process and its reaped trial processes) fits in its wall time x cores.
   assert 0 < summary["rl_cpu_s"] <= summary["rl_s"] * cpu_time.usable_cores() * 1.05
@@ -59,8 +65,10 @@ def test_summary_and_accounting(run):
     phases[t["phase"]] = phases.get(t["phase"], 0) + 1
     assert t["status"] in ("solved", "failed", "timeout", "overlong", "reward_hack", "harness_error",
                            "sandbox_error", "verifier_error")
-  # 2 val tasks x (2 samples + 1 greedy) before and after; 2 tasks x 2 samples in RL.
-  assert phases == {"eval_before_rl": 6, "rl": 4, "eval_after_rl": 6}, phases
+  # 2 val tasks x (2 samples + 1 greedy) before and after, per held-out set; 2 tasks x 2
+  # samples in RL.
+  assert phases == {"eval_before_rl": 6, "rl": 4, "eval_after_rl": 6, "eval_before_rl_templates": 6,
+                    "eval_after_rl_templates": 6}, phases
   metrics = _lines(workdir / "metrics.jsonl")
   train = [m for m in metrics if m["phase"] == "train"]
   assert len(train) == 1 and "trials_per_hour" in train[0] and "params_version" in train[0]
