@@ -128,6 +128,12 @@ PRESETS: dict[str, ModelConfig] = {
                           original_max_position_embeddings=8192),
         rms_norm_eps=1e-5, qkv_bias=False, qk_norm=False, tie_word_embeddings=True,
         max_position_embeddings=131072, bos_token_id=128000, eos_token_id=128009),
+    # SmolLM2-135M-Instruct's shape (weights: models.pretrained "smollm2-135m-instruct").
+    "smollm2-135m": ModelConfig(
+        architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+        num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100_000.0,
+        rms_norm_eps=1e-5, qkv_bias=False, qk_norm=False, tie_word_embeddings=True,
+        max_position_embeddings=8192, bos_token_id=1, eos_token_id=2, pad_token_id=2),
 }
 
 
