@@ -1,8 +1,10 @@
 """The learner object the loops drive: state on the mesh, one jitted update, weight export.
 
 Everything on device goes through two jitted functions (``train_step``, ``logprobs``); the
-class only keeps the state and hands out parameter copies for the sampler (a device-side copy,
-because the update donates its input buffers).
+class only keeps the state (the trainable parameters, ``trainer.trainable``) and the frozen
+rest of the base model, and hands out parameter copies for the sampler (a device-side copy,
+because the update donates its input buffers): the full merged policy (``params_copy``) or
+only what an update changed (``sync_params``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from legorl_jax import errors
 from legorl_jax.models.params import split_model
 from legorl_jax.rollout import batching
 from legorl_jax.sharding import make_mesh
@@ -21,6 +24,7 @@ from legorl_jax.trainer import compile_options
 from legorl_jax.trainer import optimizer as opt_lib
 from legorl_jax.trainer import state as state_lib
 from legorl_jax.trainer import train_step as ts
+from legorl_jax.trainer import trainable as trainable_lib
 
 
 @jax.jit
@@ -44,35 +48,56 @@ def merge_update_metrics(merged: dict[str, float], m, i: int) -> None:
 
 
 class Learner:
-  """Holds ``TrainState`` (sharded over ``cfg.mesh``) and applies updates."""
+  """Holds ``TrainState`` (sharded over ``cfg.mesh``) and applies updates.
 
-  def __init__(self, model, cfg, seed: int = 0):
+  ``start``: trainable parameters to begin from instead of the model's own (another learner's
+  ``trainables()`` on the same base, e.g. the SFT phase's LoRA adapters for RL); the frozen
+  part always comes from ``model``.
+  """
+
+  def __init__(self, model, cfg, seed: int = 0, start=None):
     self.cfg = cfg
-    self.model_def, params = split_model(model)
-    params = _device_copy(params)  # the update donates its state: never the caller's model arrays
+    self.model_def, base = split_model(model)
+    self.plan = trainable_lib.plan_for(cfg.trainer, base)
+    frozen, params = self.plan.split(base, seed=int(seed) + 7919)
+    if start is not None:
+      if set(start) != set(params) or any(start[k].shape != params[k].shape for k in params):
+        raise errors.ConfigError(
+            "Learner start parameters do not match trainer.trainable="
+            f"{cfg.trainer.get('trainable', 'all')!r} of this model; start a phase with the "
+            "same trainer.trainable (and LoRA rank/targets) as the phase it continues.")
+      params = start
+    params = _device_copy(params)  # the update donates its state: never the caller's arrays
     self.optimizer = opt_lib.make_optimizer(cfg.optim)
-    state = state_lib.create_train_state(params, self.optimizer, seed=seed)
+    ref = _device_copy(params) if float(cfg.loss.get("kl_coef", 0.0) or 0.0) > 0 else None
+    state = state_lib.create_train_state(params, self.optimizer, seed=seed, ref_params=ref)
     mesh_cfg = cfg.get("mesh", None)
     self.mesh = None
-    step_fn = ts.make_train_step(self.model_def, self.optimizer, cfg)
+    step_fn = ts.make_train_step(self.model_def, self.optimizer, cfg, plan=self.plan)
     self.compiler_options = compile_options.learner_compiler_options(cfg.trainer)
     if mesh_cfg is not None and jax.device_count() > 1:
       self.mesh = make_mesh(mesh_cfg.get("data", 1), mesh_cfg.get("fsdp", -1), mesh_cfg.get("tensor", 1))
       self.state_sh = state_lib.state_shardings(state, self.model_def, self.mesh)
       state = jax.device_put(state, self.state_sh)
+      param_sh = self.model_def.shardings(self.mesh)
+      self.frozen_sh = {k: param_sh[k] for k in frozen}
+      frozen = jax.device_put(frozen, self.frozen_sh)
       self._step = None
       self._step_fn = step_fn
       self._sharded_steps = {}
     else:
-      self.state_sh = None
+      self.state_sh = self.frozen_sh = None
       self._step = jax.jit(step_fn, donate_argnums=(0,),
                            static_argnames=("scored_cap", "shared_prefix"),
                            compiler_options=self.compiler_options)
     self.state = state
+    self.frozen = frozen  # never donated, never checkpointed: rebuilt from the base model
     self._logprob = jax.jit(ts.make_logprob_fn(
         self.model_def, temperature=float(cfg.loss.get("temperature", 1.0)),
-        impl=cfg.trainer.get("logprob_impl", None)), static_argnames=("shared_prefix",),
-        compiler_options=self.compiler_options)
+        impl=cfg.trainer.get("logprob_impl", None), plan=self.plan),
+        static_argnames=("shared_prefix",), compiler_options=self.compiler_options)
+    self._merge = jax.jit(self.plan.merge)
+    self._changed = jax.jit(self.plan.changed)
 
   @property
   def step(self) -> int:
@@ -87,7 +112,7 @@ class Learner:
     if key not in self._sharded_steps:  # batch shardings depend on keys and ranks only
       self._sharded_steps[key] = ts.jit_train_step(
           functools.partial(self._step_fn, scored_cap=cap, shared_prefix=layout),
-          self.state_sh, ts.batch_shardings(batch, self.mesh),
+          self.state_sh, ts.batch_shardings(batch, self.mesh), self.frozen_sh,
           compiler_options=self.compiler_options)
     return self._sharded_steps[key]
 
@@ -105,7 +130,7 @@ class Learner:
       dev = {k: jnp.asarray(v) for k, v in batch.items()}
       cap = (ts.scored_cap_for(batch, int(self.cfg.trainer.get("micro_batches", 1)))
              if self.cfg.trainer.get("lm_head_on_scored_only", True) else None)
-      self.state, m = self._jitted(dev, cap, layout)(self.state, dev)
+      self.state, m = self._jitted(dev, cap, layout)(self.state, dev, self.frozen)
       tokens += int(np.sum(batch["segment_ids"] > 0))
       merge_update_metrics(merged, m, i)
     merged["learner_tokens"] = tokens
@@ -117,12 +142,37 @@ class Learner:
     """Teacher-forced (logp, entropy) ``[B, T]`` aligned with tokens, current parameters."""
     batch, layout = batching.split_layout(batch)
     dev = {k: jnp.asarray(v) for k, v in batch.items()}
-    logp, ent = self._logprob(self.state.params, dev, shared_prefix=layout)
+    logp, ent = self._logprob(self.state.params, self.frozen, dev, shared_prefix=layout)
     return np.asarray(logp), np.asarray(ent)
 
   def params_copy(self):
-    """A device-side copy of the policy parameters (safe to hand to the sampler)."""
+    """A device-side copy of the full (merged) policy parameters, safe to hand to the sampler."""
+    if self.plan.kind == "all":
+      return _device_copy(self.state.params)
+    return _device_copy(self._merge(self.frozen, self.state.params))
+
+  def sync_params(self):
+    """A device-side copy of the policy parameters an update can change, for the sampler's
+    ``update_params`` (which keeps the rest): all of them, the top blocks and final norm
+    (``top:K``), or the merged targeted kernels (LoRA)."""
+    if self.plan.kind == "lora":
+      return self._changed(self.frozen, self.state.params)  # fresh arrays: nothing donated
     return _device_copy(self.state.params)
+
+  def trainables(self):
+    """A device-side copy of the trainable parameters (``start`` of a following phase)."""
+    return _device_copy(self.state.params)
+
+  def base_model(self):
+    """The frozen base with this learner's current trainables, as a Decoder whose ``Learner``
+    splits back into the same frozen part (LoRA: the base model itself)."""
+    return self.model_def.merge(self.plan.base(self.frozen, self.state.params))
+
+  def with_config(self, cfg, seed: int = 0) -> "Learner":
+    """A new learner for another phase (``cfg``: its loss and optimizer; the same
+    ``trainer.trainable``): same frozen base, starting from the current trainables, fresh
+    optimizer state (and, with a KL term, the current policy as its reference)."""
+    return Learner(self.base_model(), cfg, seed=seed, start=self.trainables())
 
   def model(self):
     """The current policy as a Decoder (over a parameter copy)."""

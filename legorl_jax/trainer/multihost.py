@@ -202,7 +202,8 @@ class GlobalUpdater:
     if learner.mesh is None:
       raise errors.ShardingError("GlobalUpdater needs a learner built with a mesh.")
     self.learner, self.mesh, self.cfg = learner, learner.mesh, learner.cfg
-    self._step_fn = ts.make_train_step(learner.model_def, learner.optimizer, learner.cfg)
+    self._step_fn = ts.make_train_step(learner.model_def, learner.optimizer, learner.cfg,
+                                       plan=learner.plan)
     self._jits: dict = {}
     self._logprob = None
 
@@ -230,8 +231,9 @@ class GlobalUpdater:
       step_fn = self._step_fn
       # Explicit in_shardings rule out keyword arguments: close over the static cap instead.
       self._jits[key] = jax.jit(
-          lambda state, batch: step_fn(state, batch, scored_cap=cap),
-          in_shardings=(self.learner.state_sh, ts.batch_shardings(gb, self.mesh)),
+          lambda state, batch, frozen: step_fn(state, batch, frozen, scored_cap=cap),
+          in_shardings=(self.learner.state_sh, ts.batch_shardings(gb, self.mesh),
+                        self.learner.frozen_sh),
           out_shardings=(self.learner.state_sh, None), donate_argnums=(0,),
           compiler_options=self.learner.compiler_options)
     return self._jits[key]
@@ -241,9 +243,9 @@ class GlobalUpdater:
       sh = distributed.batch_sharding(self.mesh, 2)
       self._logprob = jax.jit(ts.make_logprob_fn(
           self.learner.model_def, temperature=float(self.cfg.loss.get("temperature", 1.0)),
-          impl=self.cfg.trainer.get("logprob_impl", None)), out_shardings=(sh, sh),
-          compiler_options=self.learner.compiler_options)
-    return self._logprob(self.learner.state.params, gb)[0]
+          impl=self.cfg.trainer.get("logprob_impl", None), plan=self.learner.plan),
+          out_shardings=(sh, sh), compiler_options=self.learner.compiler_options)
+    return self._logprob(self.learner.state.params, self.learner.frozen, gb)[0]
 
   def update(self, batches: list[dict[str, np.ndarray]], replicated: bool = False
              ) -> dict[str, float]:
@@ -263,7 +265,7 @@ class GlobalUpdater:
     tokens = 0
     for i, (gb, lb) in enumerate(zip(gbs, locals_)):
       cap = self._cap(lb)
-      state, m = self._train_step(gb, cap)(self.learner.state, gb)
+      state, m = self._train_step(gb, cap)(self.learner.state, gb, self.learner.frozen)
       self.learner.state = state
       tokens += int(np.sum(np.asarray(lb["segment_ids"]) > 0))
       merge_update_metrics(merged, m, i)

@@ -24,6 +24,7 @@ from legorl_jax.rl import aggregation as agg
 from legorl_jax.rl import losses as rl_losses
 from legorl_jax.rl import metrics as rl_metrics
 from legorl_jax.rl.token_logprobs import token_logprobs
+from legorl_jax.trainer import trainable as trainable_lib
 from legorl_jax.trainer.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -131,15 +132,22 @@ def scored_cap_for(batch: dict, n_micro: int) -> int | None:
   return None
 
 
-def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation, cfg
+def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation, cfg,
+                    plan: trainable_lib.Plan | None = None
                     ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
-  """Builds ``train_step(state, batch, ref_params=None, scored_cap=None, shared_prefix=None)
+  """Builds ``train_step(state, batch, frozen=None, scored_cap=None, shared_prefix=None)
   -> (state, metrics)`` (pure, unjitted; ``scored_cap`` and ``shared_prefix`` must be static
   under jit, see ``scored_cap_for`` and ``batching.make_grouped_batches``).
 
+  ``state.params`` holds the trainable parameters of ``plan`` (default: from
+  ``cfg.trainer.trainable``, "all" when unset) and ``frozen`` the rest of the base model
+  (``{}`` or None for "all"); the step runs on ``plan.merge(frozen, state.params)`` and
+  differentiates only the trainables. With ``loss.kl_coef > 0`` the KL reference is the policy
+  of ``state.ref_params`` on the same frozen base.
+
   ``cfg`` fields: ``loss.name`` (a key of ``rl.POLICY_LOSSES``), the ``rl.LossConfig`` knobs under
   ``loss``, ``loss.temperature`` (the sampling temperature), ``loss.vf_coef``,
-  ``loss.vf_clip``, ``trainer.micro_batches``, ``trainer.logprob_impl``.
+  ``loss.vf_clip``, ``trainer.micro_batches``, ``trainer.logprob_impl``, ``trainer.trainable``.
   """
   loss_name = cfg.loss.name
   if loss_name not in rl_losses.POLICY_LOSSES:
@@ -150,14 +158,18 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
   impl = cfg.trainer.get("logprob_impl", None)
   vf_coef = float(cfg.loss.get("vf_coef", 0.0))
   vf_clip = cfg.loss.get("vf_clip", None)
+  if plan is None:
+    plan = trainable_lib.plan_for(cfg.trainer, model_def.shapes())
 
-  def micro_loss(trainable, mb, ref_params, d_pol, d_val, scored_cap, shared_prefix):
-    logp, ent, values = forward_logprobs(model_def, trainable["policy"], mb, temperature=temperature,
+  def micro_loss(trainable, mb, frozen, ref_params, d_pol, d_val, scored_cap, shared_prefix):
+    params = plan.merge(frozen, trainable["policy"])
+    logp, ent, values = forward_logprobs(model_def, params, mb, temperature=temperature,
                                          impl=impl, value_head=trainable["value_head"],
                                          scored_cap=scored_cap, shared_prefix=shared_prefix)
     sb = shifted(mb)
     if ref_params is not None:
-      ref_logp, _, _ = forward_logprobs(model_def, ref_params, mb, temperature=temperature, impl=impl,
+      ref_logp, _, _ = forward_logprobs(model_def, plan.merge(frozen, ref_params), mb,
+                                        temperature=temperature, impl=impl,
                                         scored_cap=scored_cap, shared_prefix=shared_prefix)
       sb["ref_logp"] = jax.lax.stop_gradient(ref_logp)
     sb.update(logp=logp, entropy=ent)
@@ -174,17 +186,19 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
 
   grad_fn = jax.grad(micro_loss, has_aux=True)
 
-  def train_step(state: TrainState, batch: Batch, ref_params: Params | None = None,
+  def train_step(state: TrainState, batch: Batch, frozen: Params | None = None,
                  scored_cap: int | None = None, shared_prefix: tuple[int, int] | None = None):
+    frozen = {} if frozen is None else frozen
     sb_all = shifted(batch)
     d_pol, d_val = loss_denominators(sb_all, cfg)
     d_pol, d_val = jnp.maximum(d_pol, 1e-8), jnp.maximum(d_val, 1e-8)
     trainable = state.trainable()
+    ref_params = state.ref_params
     micro = _split_micro(batch, n_micro)
 
     def body(carry, mb):
       g_acc, m_acc = carry
-      g, m = grad_fn(trainable, mb, ref_params, d_pol, d_val, scored_cap, shared_prefix)
+      g, m = grad_fn(trainable, mb, frozen, ref_params, d_pol, d_val, scored_cap, shared_prefix)
       g_acc = jax.tree.map(jnp.add, g_acc, g)
       m_acc = m if m_acc is None else rl_metrics.merge_metrics(m_acc, m)
       return (g_acc, m_acc), None
@@ -214,17 +228,24 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
   return train_step
 
 
-def make_logprob_fn(model_def: ModelDef, *, temperature: float, impl: str | None = None):
+def make_logprob_fn(model_def: ModelDef, *, temperature: float, impl: str | None = None,
+                    plan: trainable_lib.Plan | None = None):
   """``fn(params, batch, shared_prefix=None) -> (logp [B, T], entropy [B, T])`` aligned with
-  tokens (column 0 is 0), for old/reference logprobs and sampler-vs-learner agreement checks."""
+  tokens (column 0 is 0), for old/reference logprobs and sampler-vs-learner agreement checks.
 
-  def fn(params, batch, shared_prefix=None):
+  With ``plan``, ``fn(trainable, frozen, batch, shared_prefix=None)``: the policy of
+  ``plan.merge(frozen, trainable)``."""
+
+  def full(params, batch, shared_prefix=None):
     logp, ent, _ = forward_logprobs(model_def, params, batch, temperature=temperature, impl=impl,
                                     shared_prefix=shared_prefix)
     pad = jnp.zeros((logp.shape[0], 1), jnp.float32)
     return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
 
-  return fn
+  if plan is None:
+    return full
+  return lambda trainable, frozen, batch, shared_prefix=None: full(
+      plan.merge(frozen, trainable), batch, shared_prefix)
 
 
 def batch_shardings(batch: Batch, mesh: Mesh) -> dict[str, NamedSharding]:
@@ -233,13 +254,14 @@ def batch_shardings(batch: Batch, mesh: Mesh) -> dict[str, NamedSharding]:
   return {k: NamedSharding(mesh, P(axes, *([None] * (v.ndim - 1)))) for k, v in batch.items()}
 
 
-def jit_train_step(train_step, state_sh: TrainState, batch_sh, ref_sh=None,
+def jit_train_step(train_step, state_sh: TrainState, batch_sh, frozen_sh=None,
                    compiler_options: dict | None = None):
-  """Jits with explicit shardings and a donated state (updated in place on device).
+  """Jits with explicit shardings and a donated state (updated in place on device); with
+  ``frozen_sh`` the step takes the frozen params (never donated) as its third argument.
 
   ``compiler_options``: see ``compile_options.learner_compiler_options``.
   """
-  in_sh = (state_sh, batch_sh) if ref_sh is None else (state_sh, batch_sh, ref_sh)
+  in_sh = (state_sh, batch_sh) if frozen_sh is None else (state_sh, batch_sh, frozen_sh)
   return jax.jit(train_step, in_shardings=in_sh, out_shardings=(state_sh, None),
                  donate_argnums=(0,), static_argnames=("scored_cap", "shared_prefix"),
                  compiler_options=compiler_options)
