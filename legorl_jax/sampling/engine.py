@@ -319,7 +319,9 @@ class Engine:
                     copy: bool = True) -> int:
     """Swaps in new parameters without recompiling.
 
-    ``new``: a Decoder, its ``nnx.split`` state, or a flat params dict (``models.params``).
+    ``new``: a Decoder, its ``nnx.split`` state, or a flat params dict (``models.params``);
+    a flat dict may name only some parameters (what an update changed: the trained blocks, or
+    merged LoRA kernels): the others keep their current arrays, uncopied.
 
     Shapes and dtypes must match; arrays are placed in the current parameters' shardings.
     Blocks until the requests submitted before this call finish and the swap is done (later
@@ -328,18 +330,19 @@ class Engine:
     ``copy=False`` lets the engine alias the caller's buffers (only safe when the caller never
     donates or mutates them, e.g. a learner whose train step donates its params must copy).
     """
-    state = self._as_state(new)
-    if jax.tree.structure(state) != jax.tree.structure(self._state):
-      raise errors.ConfigError("update_params: the new parameters' tree differs from the model's.")
-    for old, x in zip(jax.tree.leaves(self._state), jax.tree.leaves(state)):
-      if old.shape != x.shape or old.dtype != x.dtype:
-        raise errors.ConfigError(
-            f"update_params: a parameter of shape {x.shape} {x.dtype} replaces one of shape "
-            f"{old.shape} {old.dtype}; the engine only accepts identical shapes and dtypes.")
-    alias = None if not copy else False
-    state = jax.tree.map(lambda o, x: jax.device_put(x, o.sharding, may_alias=alias),
-                         self._state, state)
     with self._update_lock:
+      # Inside the lock: a partial dict is completed from the parameters of the last update.
+      state = self._as_state(new)
+      if jax.tree.structure(state) != jax.tree.structure(self._state):
+        raise errors.ConfigError("update_params: the new parameters' tree differs from the model's.")
+      for old, x in zip(jax.tree.leaves(self._state), jax.tree.leaves(state)):
+        if old.shape != x.shape or old.dtype != x.dtype:
+          raise errors.ConfigError(
+              f"update_params: a parameter of shape {x.shape} {x.dtype} replaces one of shape "
+              f"{old.shape} {old.dtype}; the engine only accepts identical shapes and dtypes.")
+      alias = None if not copy else False
+      state = jax.tree.map(lambda o, x: x if x is o else jax.device_put(x, o.sharding, may_alias=alias),
+                           self._state, state)
       version = self._version + 1 if version is None else int(version)
       if version <= self._version:
         raise errors.ConfigError(f"update_params: version {version} <= current {self._version}.")
@@ -367,12 +370,13 @@ class Engine:
       return new
     if isinstance(new, dict):  # flat {"layers.0.attn.q_kernel": array} (models.params)
       current = model_params.flatten_state(self._state)
-      if set(current) != set(new):
-        missing, extra = sorted(set(current) - set(new)), sorted(set(new) - set(current))
+      extra = sorted(set(new) - set(current))
+      if extra or not new:
         raise errors.ConfigError(
-            f"update_params: flat params keys differ from the model's: missing {missing[:5]}, "
-            f"unexpected {extra[:5]}.")
-      _, state = nnx.split(self._model_def.merge(new))
+            f"update_params: flat params name keys the model does not have: {extra[:5]} (or "
+            "none at all); pass the model's own names (models.params.split_model).")
+      full = {k: new[k] if k in new else v.get_value() for k, v in current.items()}
+      _, state = nnx.split(self._model_def.merge(full))
       return state
     raise errors.ConfigError("update_params takes a Decoder, an nnx.State or a flat params dict, "
                              f"not {type(new).__name__}.")
