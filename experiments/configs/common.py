@@ -83,6 +83,14 @@ def base_config() -> ml_collections.ConfigDict:
   # A GRPO group's samples share their prompt: it is computed once per row (see
   # batching.make_grouped_batches); trajectories that do not fit go to plain rows.
   c.trainer.share_prompt = ()
+  # What trains, in SFT and RL alike: "all", "top:K" (the top K blocks and the final norm; the
+  # embedding, so a tied lm head, stays frozen) or "lora" (adapters of rank lora_rank, scaled by
+  # lora_alpha / lora_rank, on the lora_targets projections of every block). Only trainable
+  # parameters get gradients, optimizer state and checkpoints; the sampler serves merged weights.
+  c.trainer.trainable = "all"
+  c.trainer.lora_rank = 8
+  c.trainer.lora_alpha = 16.0
+  c.trainer.lora_targets = ("q", "k", "v", "o", "gate", "up", "down")
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-4

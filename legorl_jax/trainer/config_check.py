@@ -10,6 +10,7 @@ from legorl_jax.rl.advantages import ADVANTAGE_ESTIMATORS
 from legorl_jax.rl.losses import POLICY_LOSSES
 from legorl_jax.rollout.filters import OVERLONG_MODES
 from legorl_jax.trainer import compile_options
+from legorl_jax.trainer import trainable as trainable_lib
 
 _CHOICES = {
     "trainer.mode": ("sync", "async"),
@@ -70,6 +71,7 @@ def validate(cfg) -> None:
   for key in ("loss.temperature", "sampling.temperature"):
     _number(cfg, key)
   compile_options.cpu_library_fusion(cfg.trainer)
+  trainable_lib.parse(cfg.trainer)  # the form of trainer.trainable; K against the model at start
   if cfg.loss.name not in POLICY_LOSSES:
     raise errors.ConfigError(f"config loss.name={cfg.loss.name!r} is invalid; choose one of "
                              f"{sorted(POLICY_LOSSES)}.")

@@ -172,7 +172,7 @@ class Learner:
     """A new learner for another phase (``cfg``: its loss and optimizer; the same
     ``trainer.trainable``): same frozen base, starting from the current trainables, fresh
     optimizer state (and, with a KL term, the current policy as its reference)."""
-    return Learner(self.base_model(), cfg, seed=seed, start=self.trainables())
+    return Learner(self.base_model(), cfg, seed=seed, start=self.state.params)  # copied there
 
   def model(self):
     """The current policy as a Decoder (over a parameter copy)."""

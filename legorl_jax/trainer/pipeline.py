@@ -118,7 +118,9 @@ def _with(cfg, **sections):
 
 
 def sft_config(cfg):
-  """The learner config of the SFT phase: token NLL (REINFORCE at advantage 1), SFT optimizer."""
+  """The learner config of the SFT phase: token NLL (REINFORCE at advantage 1), SFT optimizer.
+  ``trainer.trainable`` (and the LoRA settings) carry over: the same parameters train in SFT
+  and RL, and RL continues from the SFT phase's trainables (``Learner.with_config``)."""
   return _with(cfg, loss={"name": "reinforce", "is_correction": "none", "kl_coef": 0.0,
                           "entropy_coef": 0.0},
                optim={"learning_rate": float(cfg.sft.learning_rate), "schedule": "constant",
@@ -269,7 +271,7 @@ def run(cfg, workdir: str) -> dict:
       demos = demos[:len(demos) - len(check_demos)]
       t_demo = time.perf_counter() - t0
       sft_cfg = sft_config(cfg)
-      sft_learner = Learner(learner.model(), sft_cfg, seed=int(cfg.seed))
+      sft_learner = learner.with_config(sft_cfg, seed=int(cfg.seed))
 
       def on_step(step, m):
         checked = "check/greedy_exact" in m
@@ -285,7 +287,7 @@ def run(cfg, workdir: str) -> dict:
                              check_every=int(cfg.sft.get("check_every", 50)),
                              stop_at_greedy_exact=None if stop_at is None else float(stop_at),
                              short_context_steps=int(cfg.sft.get("short_context_steps", 0)))
-      learner = Learner(sft_learner.model(), rl_cfg, seed=int(cfg.seed))
+      learner = sft_learner.with_config(rl_cfg, seed=int(cfg.seed))
       # The warm-started policy as a Hugging Face checkpoint: the starting point of RL, and of
       # the equal-time SFT-continuation baseline (experiments/benchmarks/rl_vs_sft.py).
       if distributed.is_coordinator() and not paths.is_remote(workdir):
@@ -405,7 +407,8 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
       bm = multihost.reduce_batch_metrics(bm, len(batches))
       t1 = time.perf_counter()
       lm = update(batches) if batches else {}
-      version = service.update_params(multihost.local_params(learner.params_copy()))
+      # Only what the update changed (trained blocks, or merged LoRA kernels) goes to the sampler.
+      version = service.update_params(multihost.local_params(learner.sync_params()))
       busy += time.perf_counter() - t1
       metrics = {**rl_loop.rollout_metrics(results, wall), **bm, **lm, "params_version": version,
                  "learner_utilisation": busy / max(time.perf_counter() - t0, 1e-9)}
