@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding
 from legorl_jax import errors
 from legorl_jax.models import params as model_params
 from legorl_jax.models.decoder import Decoder
-from legorl_jax.sampling import steps
+from legorl_jax.sampling import prefix_cache, steps
 from legorl_jax.sampling.cache import Cache
 from legorl_jax.sampling.params import Completion, SamplingParams
 from legorl_jax.sampling.slots import SlotTable
@@ -71,6 +71,8 @@ class _Request:
   slot: int = -1
   reuse: int = 0
   next_prefill: int = 0  # next prompt position to prefill; prefill ends at len(prompt) - 1
+  prompt_np: np.ndarray | None = None  # the prompt as an int array (prefix matching)
+  search: bool = True  # look for a longer cached prefix before the next prefill
   ids: list[int] = dataclasses.field(default_factory=list)
   logps: list[float] = dataclasses.field(default_factory=list)
   stop_checked: int = 0
@@ -92,8 +94,11 @@ class Engine:
       mesh with K/V heads sharded like the attention weights.
     max_batch: cache rows = most requests decoded at once (idle rows keep session prefixes).
     max_len: cache slots per row; prompt + max_tokens must fit.
-    prefill_buckets: chunk lengths for prefill (default 64/256/1024 up to max_len); longer
-      prompts are prefilled in several chunks.
+    prefill_chunk: the fixed prefill chunk length ``C`` (default: the smallest of
+      ``prefill_buckets``, else 64). Prompts are prefilled in chunks aligned to absolute
+      positions (``[kC, (k+1)C)``), so a prefix copied from the cache and one prefilled afresh
+      are computed identically (see ``sampling.prefix_cache``).
+    prefill_buckets: older spelling; only its smallest entry is used (as ``prefill_chunk``).
     prefill_rows: how many rows one prefill call may fill (buckets).
     decode_rows: decode runs on cache rows ``[0, b)`` for the smallest bucket ``b`` covering
       every live row (rows are handed out lowest index first).
@@ -102,7 +107,16 @@ class Engine:
     max_stop_ids: most stop token ids per request.
     seed: engine seed for requests without ``SamplingParams.seed``.
     decode_fn: tokenizer (``.decode``) or ``ids -> str``, needed for stop strings only.
-    prefix_reuse: reuse cached K/V of a matching prompt prefix (off: always prefill it all).
+    prefix_reuse: the prefix cache: a request starts from the longest prompt prefix whose K/V
+      any row (its session's, another request's, a running one's) or the prefix store holds,
+      and requests admitted together share the prefill of their common prefix (off: always
+      prefill it all). Outputs are bit-identical either way (fp32, same decode shapes).
+    prefix_cache_gb: memory for the prefix store, in GiB: extra cache rows (of max_len slots)
+      that keep prefixes whose row went to another request, least recently used evicted
+      (0: cached prefixes live only in the max_batch rows).
+    reuse_sampled_kv: a session's next turn also reuses the K/V its sampled tokens got in
+      decode steps (less prefill per turn; results then agree with a cache-off run to float
+      tolerance, not bit for bit).
     cache_dtype: K/V dtype (default: the model's compute dtype).
     join_window_s: after admitting a request, how long to wait for another before decoding
       (while rows are free). Callers that submit together (a group of trials, a benchmark's
@@ -116,7 +130,8 @@ class Engine:
                prefill_rows: Sequence[int] | None = None, decode_rows: Sequence[int] | None = None,
                attn_buckets: Sequence[int] | None = None, decode_chunk: int = 16,
                max_stop_ids: int = 8, seed: int = 0, decode_fn=None, prefix_reuse: bool = True,
-               cache_dtype=None, join_window_s: float = 0.003):
+               cache_dtype=None, join_window_s: float = 0.003, prefill_chunk: int | None = None,
+               prefix_cache_gb: float = 0.0, reuse_sampled_kv: bool = False):
     cfg = model.config
     if max_batch < 1 or decode_chunk < 1 or max_stop_ids < 1:
       raise errors.ConfigError(
@@ -131,9 +146,13 @@ class Engine:
     self.config, self.max_batch, self.max_len = cfg, max_batch, max_len
     self.decode_chunk, self.max_stop_ids = decode_chunk, max_stop_ids
     self.join_window_s = join_window_s
-    self.prefill_buckets = self._buckets(
-        "prefill_buckets",
-        prefill_buckets or tuple(b for b in (64, 256, 1024) if b <= max_len) or (max_len,), max_len)
+    if prefill_chunk is None:
+      prefill_chunk = min(prefill_buckets) if prefill_buckets else min(64, max_len)
+    self.prefill_chunk = self._buckets("prefill_chunk", (prefill_chunk,), max_len)[0]
+    self.prefill_buckets = (self.prefill_chunk,)
+    if prefix_cache_gb < 0:
+      raise errors.ConfigError(f"Engine prefix_cache_gb={prefix_cache_gb} must be >= 0.")
+    self.prefix_reuse, self.reuse_sampled_kv = prefix_reuse, reuse_sampled_kv
     self.prefill_rows = self._buckets(
         "prefill_rows", prefill_rows or (1, min(4, max_batch)), max_batch)
     self.decode_rows = self._buckets(
@@ -147,6 +166,10 @@ class Engine:
     self._graphdef, self._state = nnx.split(model)
     self._model_def, _ = model_params.split_model(model)
     self._cache_dtype = cache_dtype
+    store_rows = prefix_cache.store_rows_for_budget(cfg, max_len, cache_dtype,
+                                                    prefix_cache_gb) if prefix_reuse else 0
+    self._store = prefix_cache.PrefixStore(max_batch, store_rows)
+    self._num_rows = max_batch + store_rows  # cache rows: live rows, then the prefix store
     self._cache = self._new_cache()
     self._prefill, self._decode = steps.PREFILL, steps.DECODE
     # On one CPU device, each step's window is built in the previous call's window buffer of the
@@ -157,6 +180,7 @@ class Engine:
                           and next(iter(sharding.device_set)).platform == "cpu")
     self._window_buffers: dict[str, object] = {}
     self._swap_rows = steps.SWAP_ROWS
+    self._copy_prefix = steps.COPY_PREFIX
 
     r = max_batch  # host copy of the per-row decode state
     self._rows = steps.DecodeRows(
@@ -223,15 +247,22 @@ class Engine:
     return self._version
 
   def stats(self) -> dict:
-    """Counters: requests, failed, prefill_tokens, reused_tokens, decoded_tokens, prefill_calls,
-    decode_calls, decode_row_steps (rows x steps the decode calls ran, live or not), row_moves
-    (rows compacted towards the front), cancelled (requests whose future was cancelled, dropped
-    at the next chunk), evictions, params_version, and compilations {prefill,
-    decode, swap_rows}: traces of the shared jitted steps so far, process-wide (engines of one
-    model shape share executables)."""
+    """Counters: requests, failed, prefill_tokens (prompt tokens prefilled), reused_tokens
+    (prompt tokens served from the prefix cache), decoded_tokens, prefill_calls, decode_calls,
+    decode_row_steps (rows x steps the decode calls ran, live or not), row_moves (rows
+    compacted towards the front), cancelled (requests whose future was cancelled, dropped at
+    the next chunk), prefix_copies (prefixes copied between rows: from the store, another
+    row, or into the store), prefix_store_rows, prefix_store_hits, prefix_store_evictions,
+    evictions (session rows given to others), params_version, and compilations {prefill,
+    decode, swap_rows, copy_prefix}: traces of the shared jitted steps so far, process-wide
+    (engines of one model shape share executables)."""
     out = {k: self._stats[k] for k in ("requests", "failed", "prefill_tokens", "reused_tokens",
                                        "decoded_tokens", "prefill_calls", "decode_calls",
-                                       "decode_row_steps", "row_moves", "cancelled")}
+                                       "decode_row_steps", "row_moves", "cancelled",
+                                       "prefix_copies")}
+    out["prefix_store_rows"] = self._store.num_rows
+    out["prefix_store_hits"] = self._store.hits
+    out["prefix_store_evictions"] = self._store.evictions
     out["evictions"] = self._slots.evictions
     out["compilations"] = dict(steps.COMPILATIONS)
     out["params_version"] = self._version
@@ -241,11 +272,16 @@ class Engine:
     """Compiles every bucket shape now (before ``start``) instead of on first use."""
     if self._thread is not None:
       raise errors.SamplingError("Engine.warmup() must run before Engine.start().")
+    chunk_attns = sorted({self._chunk_attn(k)
+                          for k in range(-(-self.max_len // self.prefill_chunk))})
     for p in self.prefill_rows:
       for t in self.prefill_buckets:
-        for a in self.attn_buckets:
-          self._call_prefill(np.full(p, self.max_batch, np.int32), np.zeros((p, t), np.int32),
+        for a in chunk_attns:
+          self._call_prefill(np.full(p, self._num_rows, np.int32), np.zeros((p, t), np.int32),
                              np.full((p, t), -1, np.int32), a)
+    if self.prefix_reuse:
+      for a in self.attn_buckets:
+        self._cache = self._copy_prefix(self._cache, np.int32(0), np.int32(0), attn_len=a)
     for r in self.decode_rows:
       for a in self.attn_buckets:
         rows = jax.tree.map(lambda x: x[:r], self._rows)
@@ -267,7 +303,8 @@ class Engine:
             "The sampling engine is not running; call engine.start() or use `with engine:`.")
       seed = params.seed if params.seed is not None else int(self._seed_rng.integers(2**32))
       req = _Request(prompt=prompt, params=params, session=session_id,
-                     future=concurrent.futures.Future(), seed=seed, t_submit=time.perf_counter())
+                     future=concurrent.futures.Future(), seed=seed, t_submit=time.perf_counter(),
+                     prompt_np=np.asarray(prompt, np.int64), search=self.prefix_reuse)
       self._queue.append(req)
       self._cv.notify_all()
     return req.future
@@ -382,8 +419,10 @@ class Engine:
                              f"not {type(new).__name__}.")
 
   def _apply_update(self, state, version):
+    # Every cached prefix (rows and store) holds K/V of the old parameters: forget them all.
     self._state, self._version = state, version
     self._slots.invalidate()
+    self._store.invalidate()
 
   # -- device thread ----------------------------------------------------------------------------
   def _loop(self):
@@ -448,7 +487,9 @@ class Engine:
         if req.future.cancelled():
           self._stats["cancelled"] += 1
           continue
+        held = [s.cached for s in self._slots.slots]
         req.slot, req.reuse = self._slots.acquire(req.prompt, req.session)
+        self._keep_evicted(req.slot, held[req.slot], req.reuse)
         self._admit(req)
         admitted = True
       if self._update is not None and self._update[3] == 0 and not self._live:
@@ -457,6 +498,58 @@ class Engine:
         self._update = None
         done.set()
     return admitted
+
+  def _keep_evicted(self, row: int, tokens, kept: int):
+    """Copies the prefix a row held into the prefix store before a new request overwrites it
+    (the request keeps its first ``kept`` positions); skipped when nothing is lost or the
+    prefix is short (under one chunk) or already held elsewhere."""
+    if not self._store.num_rows or len(tokens) < max(self.prefill_chunk, kept + 1):
+      return
+    held = np.asarray(tokens, np.int64)
+    for _, other in self._prefix_candidates(exclude=row, store=False):
+      if prefix_cache.match_len(held, other, len(held)) == len(held):
+        return
+    dst = self._store.place(held)
+    if dst is not None:
+      self._copy_rows(row, dst, len(held))
+
+  def _prefix_candidates(self, exclude: int, store: bool = True):
+    """``(row, token ids)`` of every row holding reusable K/V, but row ``exclude``: busy rows
+    (the prompt prefilled so far), idle rows (what they last held) and the prefix store."""
+    out = []
+    for slot in self._slots.slots:
+      if slot.index == exclude:
+        continue
+      req = self._live.get(slot.index)
+      if req is not None:
+        if req.next_prefill > 0:
+          out.append((slot.index, req.prompt_np[:req.next_prefill]))
+      elif slot.cached:
+        out.append((slot.index, np.asarray(slot.cached, np.int64)))
+    return out + (self._store.candidates() if store else [])
+
+  def _copy_rows(self, src: int, dst: int, length: int):
+    """K/V positions ``[0, length)`` of row ``src`` -> row ``dst`` (one device call)."""
+    attn = _bucket(self.attn_buckets, length)
+    self._cache = self._copy_prefix(self._cache, np.int32(src), np.int32(dst), attn_len=attn)
+    self._stats["prefix_copies"] += 1
+
+  def _catch_up(self, req: _Request):
+    """Starts ``req`` from the longest prefix of its prompt another row or the store holds
+    (when longer than what it has): one copy, no prefill."""
+    req.search = False
+    row, m = prefix_cache.best_source(req.prompt_np, req.prefill_end,
+                                      self._prefix_candidates(exclude=req.slot))
+    if m <= req.next_prefill:
+      return
+    self._copy_rows(row, req.slot, m)
+    if row >= self.max_batch:
+      self._store.touch(row)
+    self._stats["reused_tokens"] += m - req.next_prefill
+    req.reuse += m - req.next_prefill
+    req.next_prefill = m
+    if req.next_prefill >= req.prefill_end:
+      self._ready(req)
 
   def _admit(self, req: _Request):
     req.t_admit = time.perf_counter()
@@ -479,20 +572,35 @@ class Engine:
     r.stop_ids[s, :len(p.stop_token_ids)] = p.stop_token_ids
 
   def _run_prefill(self):
+    """One prefill call: the next chunk of up to ``prefill_rows`` requests.
+
+    Chunks are aligned to absolute positions: position ``p`` goes to column ``p % C`` of the
+    call for chunk ``p // C``, whose attention window depends on the chunk index only, so a
+    position's K/V never depend on how the prompt was split or what was batched alongside.
+    Requests whose next positions another request's chunk computes in this call (the same
+    token ids) wait and copy them afterwards (``prefix_cache.split_leaders``)."""
+    c = self.prefill_chunk
+    for req in [r for r in self._live.values() if r.search and r.next_prefill < r.prefill_end]:
+      self._catch_up(req)
     pending = [r for r in self._live.values() if r.next_prefill < r.prefill_end]
-    t = _bucket(self.prefill_buckets, pending[0].prefill_end - pending[0].next_prefill)
-    group = pending[:self.prefill_rows[-1]]
+    if not pending:
+      return
+    leaders, followers = (prefix_cache.split_leaders(pending, c) if self.prefix_reuse
+                          else (pending, []))
+    attn = self._chunk_attn(leaders[0].next_prefill // c)
+    group = [r for r in leaders if self._chunk_attn(r.next_prefill // c) == attn]
+    group = group[:self.prefill_rows[-1]]
     p = _bucket(self.prefill_rows, len(group))
-    slots = np.full(p, self.max_batch, np.int32)
-    ids = np.zeros((p, t), np.int32)
-    pos = np.full((p, t), -1, np.int32)
-    end = 0
+    slots = np.full(p, self._num_rows, np.int32)
+    ids = np.zeros((p, c), np.int32)
+    pos = np.full((p, c), -1, np.int32)
     for i, req in enumerate(group):
-      n = min(t, req.prefill_end - req.next_prefill)
       a = req.next_prefill
-      slots[i], ids[i, :n], pos[i, :n] = req.slot, req.prompt[a:a + n], np.arange(a, a + n)
-      end = max(end, a + n)
-    attn = _bucket(self.attn_buckets, end)
+      start = a - a % c
+      b = min(start + c, req.prefill_end)
+      slots[i] = req.slot
+      ids[i, a - start:b - start] = req.prompt_np[a:b]
+      pos[i, a - start:b - start] = np.arange(a, b)
     try:
       self._call_prefill(slots, ids, pos, attn)
     except Exception as e:  # noqa: BLE001
@@ -508,6 +616,12 @@ class Engine:
       self._stats["prefill_tokens"] += n
       if req.next_prefill >= req.prefill_end:
         self._ready(req)
+    for req in followers:  # copy what the leaders just computed
+      self._catch_up(req)
+
+  def _chunk_attn(self, k: int) -> int:
+    """Attention window of prefill chunk ``k``: a function of ``k`` alone (see _run_prefill)."""
+    return _bucket(self.attn_buckets, min((k + 1) * self.prefill_chunk, self.max_len))
 
   def _window_buffer(self, kind: str, shapes):
     """The kept window buffer of ``kind`` if it has these shapes, else a new one; None when
@@ -538,7 +652,7 @@ class Engine:
   def _call_decode(self, rows, num_rows: int, attn: int):
     """Runs one decode chunk on rows ``[0, num_rows)``; returns (rows, out_ids, out_logp)."""
     buf = None
-    if num_rows < self.max_batch or attn < self.max_len:  # else the window is the whole cache
+    if num_rows < self._num_rows or attn < self.max_len:  # else the window is the whole cache
       buf = self._window_buffer("decode", steps.decode_window_shapes(self._cache, num_rows, attn))
     out = self._decode(self._graphdef, self._state, self._cache, rows, num_rows=num_rows,
                        attn_len=attn, num_steps=self.decode_chunk, window_buffer=buf)
@@ -618,8 +732,10 @@ class Engine:
     s = req.slot
     self._rows.positions[s] = -1
     del self._live[s]
+    # Exactly reusable: the prefilled prompt; sampled tokens' K/V came from decode steps.
     seq = req.prompt + req.ids
-    self._slots.release(s, seq[:-1], req.session)
+    self._slots.release(s, seq[:-1] if self.reuse_sampled_kv else req.prompt[:req.prefill_end],
+                        req.session)
     now = time.perf_counter()
     if req.future.cancelled():
       self._stats["cancelled"] += 1
@@ -642,7 +758,7 @@ class Engine:
 
   def _new_cache(self) -> Cache:
     """Zero cache; on the parameters' mesh (if any) with K/V heads split like the weights."""
-    make = functools.partial(Cache.zeros, self.config, self.max_batch, self.max_len,
+    make = functools.partial(Cache.zeros, self.config, self._num_rows, self.max_len,
                              self._cache_dtype)
     sharding = jax.tree.leaves(self._state)[0].sharding
     if not isinstance(sharding, NamedSharding):
@@ -653,7 +769,7 @@ class Engine:
       return NamedSharding(sharding.mesh,
                            sharding_rules.logical_to_spec(logical, shape, sharding.mesh))
 
-    b, h, s, d = self.max_batch, c.num_kv_heads, self.max_len, c.head_dim
+    b, h, s, d = self._num_rows, c.num_kv_heads, self.max_len, c.head_dim
     k = spec((None, "kv_heads", "head_dim", None), (b, h, d, s))
     v = spec((None, "kv_heads", None, "head_dim"), (b, h, s, d))
     n = c.num_layers
@@ -671,3 +787,4 @@ class Engine:
     if self._cache_lost():
       self._cache = self._new_cache()
     self._slots.invalidate()
+    self._store.invalidate()

@@ -187,6 +187,19 @@ def swap_rows(cache: Cache, i: jax.Array, j: jax.Array) -> Cache:
   return jax.tree.map(swap, cache)
 
 
+def copy_prefix(cache: Cache, src: jax.Array, dst: jax.Array, *, attn_len: int) -> Cache:
+  """Copies slots ``[0, SCRATCH + attn_len)`` of row ``src`` into row ``dst`` (int32 scalars),
+  every layer, K and V: how one row starts from the prefix another row (or the prefix store)
+  holds. Slots past the source's valid prefix carry its stale K/V along; the destination
+  overwrites them before any query can attend to them (``cache.forward``'s mask)."""
+  def copy(x, axis):
+    row = jax.lax.dynamic_index_in_dim(x, src, keepdims=True)
+    row = jax.lax.slice_in_dim(row, 0, SCRATCH + attn_len, axis=axis)
+    return jax.lax.dynamic_update_slice(x, row, (dst,) + (0,) * (x.ndim - 1))
+  return Cache(k=tuple(copy(x, K_SLOT_AXIS) for x in cache.k),
+               v=tuple(copy(x, V_SLOT_AXIS) for x in cache.v))
+
+
 # Process-wide: a trace means one new compiled shape (the Python body runs only when tracing).
 COMPILATIONS: collections.Counter = collections.Counter()
 
@@ -203,6 +216,8 @@ def _counted(name, fn):
 PREFILL = jax.jit(_counted("prefill", prefill), static_argnums=(0,),
                   static_argnames=("attn_len",), donate_argnames=("cache", "window_buffer"))
 SWAP_ROWS = jax.jit(_counted("swap_rows", swap_rows), donate_argnums=(0,))
+COPY_PREFIX = jax.jit(_counted("copy_prefix", copy_prefix), static_argnames=("attn_len",),
+                      donate_argnums=(0,))
 DECODE = jax.jit(_counted("decode", decode_steps), static_argnums=(0,),
                  static_argnames=("num_rows", "attn_len", "num_steps"),
                  donate_argnames=("cache", "window_buffer"))

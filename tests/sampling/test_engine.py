@@ -3,6 +3,7 @@ compilation counts, parameter updates and error isolation (tiny preset, random w
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 
 import jax
@@ -145,25 +146,36 @@ def test_no_recompilation_after_warmup(engine):
   assert dict(COMPILATIONS) == before
 
 
-def test_prefix_reuse_prefills_only_new_tokens(engine, model):
+@pytest.mark.parametrize("sampled", [False, True], ids=["exact", "reuse_sampled_kv"])
+def test_prefix_reuse_prefills_only_new_tokens(engine, model, sampled):
+  """A session's next turn reuses its history's K/V: the prefilled prompt (bit-identical to a
+  cache-off run), or with ``reuse_sampled_kv`` the sampled tokens' too (equal to tolerance)."""
   plain = Engine(model, prefix_reuse=False, **ENGINE_KW)
+  eng = Engine(model, reuse_sampled_kv=True, **ENGINE_KW) if sampled else engine
   greedy = SamplingParams(temperature=0.0, max_tokens=10)
   history = _prompt(30, seed=21)
-  with plain:
+  with plain, (eng if sampled else contextlib.nullcontext()):
+    last_prompt = 0
     for turn in range(3):
       history = history + _prompt(15, seed=40 + turn)
-      before = engine.stats()
-      got = engine.generate(history, greedy, session_id="agent")
-      after = engine.stats()
+      before = eng.stats()
+      got = eng.generate(history, greedy, session_id=f"agent{sampled}")
+      after = eng.stats()
       want = plain.generate(history, greedy)
-      if turn > 0:  # previous history minus its unfed last token is cached
+      if turn > 0 and sampled:  # previous history minus its unfed last token is cached
         assert got.reused_prefix_len == len(history) - 15 - 1
+      elif turn > 0:  # the previous prompt minus its last token (fed by a decode step)
+        assert got.reused_prefix_len == last_prompt - 1
       assert want.reused_prefix_len == 0
       prefilled = after["prefill_tokens"] - before["prefill_tokens"]
       assert prefilled == len(history) - 1 - got.reused_prefix_len
       assert after["reused_tokens"] - before["reused_tokens"] == got.reused_prefix_len
       assert got.token_ids == want.token_ids
-      np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+      if sampled:
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+      else:
+        assert got.logprobs == want.logprobs  # bit for bit
+      last_prompt = len(history)
       history = history + got.token_ids
 
 
@@ -294,8 +306,8 @@ def test_stragglers_in_high_rows_are_compacted_and_sample_the_same(model):
     again = eng.generate(_prompt(6, seed=70) + short[0].result().token_ids + [5],
                          SamplingParams(max_tokens=1), session_id="short0")
   assert stats["row_moves"] >= 1
-  # (the last sampled token was never fed, so its K/V is not cached)
-  assert again.reused_prefix_len == 6 + len(short[0].result().token_ids) - 1
+  # (the prefilled prompt, all but its last token: sampled tokens' K/V came from decode steps)
+  assert again.reused_prefix_len == 6 - 1
   # Without compaction the three 8-step chunks after the short ones finish would run 4 rows.
   assert stats["decode_row_steps"] < 4 * stats["decode_calls"] * kw["decode_chunk"]
   with Engine(model, seed=1, **kw) as solo:
