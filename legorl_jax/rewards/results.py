@@ -47,6 +47,24 @@ def parse_junit_xml(text: str) -> dict[str, str]:
   return out
 
 
+def junit_failure_messages(text: str) -> dict[str, str]:
+  """{test id: the ``message`` of its failure or error} for the tests that did not pass (ids
+  as ``parse_junit_xml`` gives them). The message is the exception's text (pytest's
+  assertion explanation), without the traceback and the test source that follow it."""
+  try:
+    root = ET.fromstring(text)
+  except ET.ParseError as e:
+    raise VerifierError(f"JUnit XML is malformed: {e}") from None
+  out = {}
+  for case in root.iter("testcase"):
+    for child in case:
+      if child.tag in ("failure", "error"):
+        out[_junit_id(case.get("file"), case.get("classname", ""), case.get("name", ""))] = (
+            child.get("message") or "")
+        break
+  return out
+
+
 def _junit_id(file, classname, name):
   parts = classname.split(".") if classname else []
   if file:

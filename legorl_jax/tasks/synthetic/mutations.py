@@ -83,6 +83,12 @@ def _local_names(fn):
 def candidate_mutations(source: str, func: str) -> list[Mutation]:
   """All syntactically valid mutations of ``func`` in ``source``, deduplicated, in order."""
   first, last, fn = _body_lines(source, func)
+  return mutations_in_lines(source, first, last, fn)
+
+
+def mutations_in_lines(source: str, first: int, last: int, fn: ast.AST) -> list[Mutation]:
+  """Every single-site mutation of lines ``first..last`` (1-based) of ``source``, the body of
+  function node ``fn`` (any depth: methods, nested functions); deduplicated, parse-checked."""
   lines = source.split("\n")
   locals_ = _local_names(fn)
   out = []
