@@ -31,7 +31,7 @@ FLAGS = flags.FLAGS
 
 def run_mode(mode: str, workdir: str) -> dict:
   args = [sys.executable, "-m", "experiments.train", f"--workdir={workdir}",
-          "--config=experiments/configs/demo.py", f"--config.trainer.mode={mode}",
+          "--config=experiments/configs/demo_tiny.py", f"--config.trainer.mode={mode}",
           f"--config.trainer.steps={FLAGS.steps}", "--config.sft.steps=0",
           "--config.eval.before_after=False",
           f"--config.rollout.tasks_per_step={FLAGS.tasks_per_step}",

@@ -49,7 +49,7 @@ def main():
   p.add_argument("--shared_micro", type=int, default=1, help="micro-batches of a shared step")
   args = p.parse_args()
 
-  from experiments.configs import demo
+  from experiments.configs import demo_tiny as demo
   from legorl_jax.rollout import batching
   from legorl_jax.trainer import pipeline, sft
   from legorl_jax.trainer.learner import Learner

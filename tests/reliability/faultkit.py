@@ -606,9 +606,10 @@ def checkpoint_disk_full(disk: str, async_save: bool) -> Outcome:
                   backend="async" if async_save else "sync")
 
 
-def _learner_worker(root: str, workdir: str, out: str, total: int):
+def _learner_worker(root: str, workdir: str, out: str, total: int, trainable: str = "all"):
   env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu", XLA_FLAGS="")
-  return subprocess.Popen([sys.executable, "-m", "tests.trainer.resume_worker", workdir, str(total), out],
+  return subprocess.Popen([sys.executable, "-m", "tests.trainer.resume_worker", workdir, str(total), out,
+                           trainable],
                           cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, start_new_session=True)
 
@@ -629,34 +630,30 @@ def _kill_at(proc, point) -> str:
   return "".join(lines)
 
 
-def trainer_kill(root_dir: str, seed: int = 1234, total: int = 6) -> Outcome:
+def trainer_kill(root_dir: str, seed: int = 1234, total: int = 6, trainable: str = "all") -> Outcome:
   """The learner (``tests/trainer/resume_worker.py``: real train step, async orbax saves every
   step) SIGKILLed during start-up and at a random point after a save, resumed each time.
   After every kill the latest checkpoint restores; the finished run's parameters equal an
-  uninterrupted run's bit for bit."""
+  uninterrupted run's bit for bit. ``trainable``: ``trainer.trainable`` of the learner (its
+  checkpoints hold the trainables only; the frozen base is rebuilt at every start)."""
   import random
 
   import numpy as np
 
-  from legorl_jax.models import create_model
-  from legorl_jax.models.params import split_model
-  from legorl_jax.trainer import checkpoint, optimizer as opt_lib, state as state_lib
-  from tests.trainer import test_train_step as helpers
+  from legorl_jax.trainer import checkpoint
+  from tests.trainer import resume_worker
 
   t0 = time.perf_counter()
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   rng = random.Random(seed)
   j = lambda *p: os.path.join(root_dir, *p)  # noqa: E731
-  full = _learner_worker(repo, j("full"), j("full.npz"), total)
+  full = _learner_worker(repo, j("full"), j("full.npz"), total, trainable)
   points = [("startup", rng.uniform(0.5, 3.0)),
             ("after_save", rng.randint(2, total - 2), rng.uniform(0.0, 0.2))]
-  cfg = helpers.make_cfg(micro=2)
-  cfg.optim.learning_rate, cfg.optim.max_grad_norm = 3e-3, 1.0
-  _, params = split_model(create_model(helpers.CFG, seed=0))
-  target = state_lib.create_train_state(params, opt_lib.make_optimizer(cfg.optim), seed=1)
+  target = resume_worker.initial(trainable)[3]
   why, last, workers = [], None, [full]
   for point in points:
-    w = _learner_worker(repo, j("killed"), j("unused.npz"), total)
+    w = _learner_worker(repo, j("killed"), j("unused.npz"), total, trainable)
     workers.append(w)
     out = _kill_at(w, point)
     ck = checkpoint.Checkpointer(j("killed"), async_save=False)
@@ -675,7 +672,7 @@ def trainer_kill(root_dir: str, seed: int = 1234, total: int = 6) -> Outcome:
       except Exception as e:  # noqa: BLE001 -- an unreadable checkpoint is the failure
         why.append(f"checkpoint {step} unreadable after kill at {point}: {e}")
     ck.close()
-  resumed = _learner_worker(repo, j("killed"), j("resumed.npz"), total)
+  resumed = _learner_worker(repo, j("killed"), j("resumed.npz"), total, trainable)
   workers.append(resumed)
   out_resumed, _ = resumed.communicate(timeout=900)
   out_full, _ = full.communicate(timeout=900)
@@ -698,7 +695,7 @@ def trainer_kill(root_dir: str, seed: int = 1234, total: int = 6) -> Outcome:
 # 0 for a random policy, so the entropy bonus is what makes every update depend on the sampled
 # tokens.
 PIPELINE_OVERRIDES = (
-    "--config=experiments/configs/demo.py", "--config.sft.steps=0",
+    "--config=experiments/configs/demo_tiny.py", "--config.sft.steps=0",
     "--config.eval.before_after=False", "--config.eval.every=0",
     "--config.rollout.tasks_per_step=2", "--config.rollout.samples_per_task=4",
     "--config.checkpoint.every=1", "--config.loss.entropy_coef=0.01",

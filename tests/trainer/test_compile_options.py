@@ -74,7 +74,7 @@ def test_no_options_off_cpu_and_bad_value_named():
 
 
 def test_config_check_names_a_bad_value():
-  from experiments.configs import demo
+  from experiments.configs import demo_tiny as demo
   from legorl_jax.trainer import config_check
   cfg = demo.get_config()
   config_check.validate(cfg)

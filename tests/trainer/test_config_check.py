@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from experiments.configs import common, demo
+from experiments.configs import common, demo, demo_tiny
 from legorl_jax import errors
 from legorl_jax.trainer import config_check
 
@@ -35,7 +35,7 @@ def test_bad_values_name_the_key(key, value, match):
 def test_unknown_override_key_fails_at_start(tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   r = subprocess.run([sys.executable, "-m", "experiments.train", "--workdir", str(tmp_path),
-                      "--config=experiments/configs/demo.py", "--config.trainer.stepz=3"],
+                      "--config=experiments/configs/demo_tiny.py", "--config.trainer.stepz=3"],
                      cwd=root, capture_output=True, text=True, timeout=120)
   assert r.returncode != 0 and "stepz" in r.stderr
 

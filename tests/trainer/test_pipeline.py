@@ -24,7 +24,7 @@ SMALL = ["--config.sft.steps=3", "--config.sft.num_demos=4", "--config.sft.rows_
 def _train(workdir, *extra):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
   return subprocess.run([sys.executable, "-m", "experiments.train", f"--workdir={workdir}",
-                         "--config=experiments/configs/demo.py", *SMALL, *extra],
+                         "--config=experiments/configs/demo_tiny.py", *SMALL, *extra],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
 
 
@@ -94,7 +94,7 @@ def test_evaluations_of_one_policy_are_paired(tmp_path):
   """Two evaluations of the same policy sample the same tokens trial for trial (each sample's
   proxy session is seeded from the run seed, task and sample index), so the before/after-RL
   difference is not sampling noise between two independent draws."""
-  from experiments.configs import demo
+  from experiments.configs import demo_tiny as demo
   from legorl_jax.harnesses import registry
   from legorl_jax.models import create_model, get_preset
   from legorl_jax.models import tokenizer as tok_lib
