@@ -166,8 +166,8 @@ class Engine:
     self._graphdef, self._state = nnx.split(model)
     self._model_def, _ = model_params.split_model(model)
     self._cache_dtype = cache_dtype
-    store_rows = prefix_cache.store_rows_for_budget(cfg, max_len, cache_dtype,
-                                                    prefix_cache_gb) if prefix_reuse else 0
+    self._store_row_bytes = prefix_cache.row_bytes(cfg, max_len, cache_dtype)
+    store_rows = int(prefix_cache_gb * (1 << 30) // self._store_row_bytes) if prefix_reuse else 0
     self._store = prefix_cache.PrefixStore(max_batch, store_rows)
     self._num_rows = max_batch + store_rows  # cache rows: live rows, then the prefix store
     self._cache = self._new_cache()
@@ -502,8 +502,8 @@ class Engine:
   def _keep_evicted(self, row: int, tokens, kept: int):
     """Copies the prefix a row held into the prefix store before a new request overwrites it
     (the request keeps its first ``kept`` positions); skipped when nothing is lost or the
-    prefix is short (under one chunk) or already held elsewhere."""
-    if not self._store.num_rows or len(tokens) < max(self.prefill_chunk, kept + 1):
+    prefix is already held elsewhere."""
+    if not self._store.num_rows or len(tokens) <= kept:
       return
     held = np.asarray(tokens, np.int64)
     for _, other in self._prefix_candidates(exclude=row, store=False):

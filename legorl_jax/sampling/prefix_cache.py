@@ -20,7 +20,6 @@ others wait and copy it.
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -53,13 +52,6 @@ def row_bytes(config, max_len: int, dtype) -> int:
   dt = np.dtype(dtype or config.compute_dtype)
   return (2 * config.num_layers * config.num_kv_heads * config.head_dim * (SCRATCH + max_len)
           * dt.itemsize)
-
-
-def store_rows_for_budget(config, max_len: int, dtype, gb: float) -> int:
-  """How many whole store rows fit in ``gb`` GiB."""
-  if gb <= 0:
-    return 0
-  return int(math.floor(gb * (1 << 30) / row_bytes(config, max_len, dtype)))
 
 
 class PrefixStore:
