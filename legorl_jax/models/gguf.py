@@ -283,6 +283,16 @@ def from_gguf(path: str | os.PathLike | GGUFFile, dtype=jnp.float32, mesh: Mesh 
   return nnx.merge(graphdef, state)
 
 
+def _portable_tokenizer_config(file: Path):
+  """Names the generic fast-tokenizer class, which transformers 4.x and 5.x both load (5.x
+  writes its own class name, ``TokenizersBackend``, unknown to 4.x)."""
+  with open(file) as f:
+    cfg = json.load(f)
+  cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+  with open(file, "w") as f:
+    json.dump(cfg, f, indent=2, sort_keys=True)
+
+
 def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype="float32",
                  overwrite: bool = False) -> Path:
   """Writes a GGUF file as a Hugging Face directory (config, safetensors, tokenizer with the
@@ -304,10 +314,16 @@ def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype="floa
   tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
   try:
     hf_io.save_pretrained(model, tmp, tokenizer=tokenizer, dtype=dtype)
+    _portable_tokenizer_config(tmp / "tokenizer_config.json")
     with open(tmp / "legorl_import.json", "w") as f:
       json.dump({"source": file.path.name, "architecture": file.architecture,
                  "general.name": file.meta.get("general.name"),
                  "tensor_types": file.tensor_types()}, f, indent=2, sort_keys=True)
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in tmp.iterdir():  # mkdtemp made the directory private; use the usual modes
+      os.chmod(p, 0o666 & ~umask)
+    os.chmod(tmp, 0o777 & ~umask)
     if out.exists():
       shutil.rmtree(out)
     os.replace(tmp, out)
