@@ -43,7 +43,10 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class BuildConfig:
   """Knobs of one build. ``sandbox``: a SandboxConfig (its ``backend`` picks local or
-  docker). ``run_timeout_s``: per suite run; None = 3x the baseline run + 30 s."""
+  docker). ``run_timeout_s``: per suite run; None = 3x the baseline run + 30 s.
+  ``unique_edits``: keep only tasks whose fix is a set of exact-string edits of whole lines
+  that each match once (what exact-replace edit tools, and the scripted demonstrations, need).
+  """
   sandbox: SandboxConfig = SandboxConfig(backend="docker")
   max_mutations: int = 150
   max_tasks: int = 40
@@ -58,6 +61,7 @@ class BuildConfig:
   requirements: tuple[str, ...] = ()
   pytest_args: tuple[str, ...] = ()
   image_cache_dir: str | None = None
+  unique_edits: bool = True
   limits: Limits = Limits(timeout_s=1800.0, memory_mb=2048, pids=256, cpus=1.0)
 
 
@@ -234,6 +238,9 @@ def _mutations(sb, spec, project, passing, timeout, config, rep) -> list[Candida
         active.remove(i)
         continue
       m = pending[i].pop()
+      if config.unique_edits and not _unique_edits(site.path, m.apply(sources[site.path]), sources[site.path]):
+        rep.reject("fix_not_a_unique_edit")  # decided without running the suite
+        continue
       cand = _try(sb, spec, site, m, sources[site.path], passing_set, timeout, rep)
       if cand is not None:
         out.append(cand)
@@ -326,6 +333,21 @@ def _tasks(cands, project, spec, image, baseline_s, config, rep) -> list[Task]:
             "install_command": spec.install_command, "test_command": spec.test_command}))
     tasks.append(Task.from_dict(json.loads(json.dumps(task.to_dict()))))  # the schema's own check
   return tasks
+
+
+def _unique_edits(path: str, mutated: str, original: str) -> bool:
+  """True when the fix (the inverse diff), as the exact-string edits an edit tool takes
+  (whole changed lines; a pure insertion anchored on the line above), has each edit's old
+  text exactly once in the file at its turn, and the edits give back the original."""
+  from legorl_jax.harnesses.scripted import edits_from_patch
+  gold = compute_diff({path: mutated.encode("utf-8", "surrogateescape")},
+                      {path: original.encode("utf-8", "surrogateescape")}).patch
+  text = mutated
+  for e in edits_from_patch(gold):
+    if not e.old or text.count(e.old) != 1:
+      return False
+    text = text.replace(e.old, e.new, 1)
+  return text == original
 
 
 # --- validation -------------------------------------------------------------------------------

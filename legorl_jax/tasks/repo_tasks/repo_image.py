@@ -95,8 +95,12 @@ def _build_wheelhouse(project: Project, spec: EnvSpec, dest: str, timeout_s: flo
   """Every wheel the offline install needs: the project's dependencies (with its test extras),
   the test requirements, the build backend (for the editable install) and pip itself."""
   part = tempfile.mkdtemp(prefix=os.path.basename(dest) + ".", suffix=".part", dir=os.path.dirname(dest))
+  scratch = tempfile.mkdtemp(prefix="legorl-wheel-src-")
   try:
-    target = project.root + (f"[{','.join(spec.extras)}]" if spec.extras else "")
+    # Build from a copy: setuptools writes build/ and *.egg-info into the tree it builds.
+    src = os.path.join(scratch, "src")
+    shutil.copytree(project.root, src)
+    target = src + (f"[{','.join(spec.extras)}]" if spec.extras else "")
     reqs = list(spec.requirements)
     if spec.has_build_config:
       _pip(["wheel", "--wheel-dir", part, target, *reqs], timeout_s,
@@ -114,6 +118,7 @@ def _build_wheelhouse(project: Project, spec: EnvSpec, dest: str, timeout_s: flo
     os.replace(part, dest)
   finally:
     shutil.rmtree(part, ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _tar_dir(path: str, arc_prefix: str = "") -> bytes:
