@@ -13,6 +13,8 @@ INSTALL_REQUIRES = [
     "transformers>=5.0,<6",
     "tokenizers>=0.22,<0.24",
     "safetensors>=0.5,<0.9",
+    # GGUF import (models.gguf): the reader only; dequantization is our own numpy.
+    "gguf>=0.19,<0.20",
     "tensorflow-datasets>=4.9.8,<4.10",
     "array_record>=0.7,<0.9",
     "docker>=7.0,<8",
@@ -33,6 +35,8 @@ EXTRAS = {
         "pytest-timeout>=2.3,<3",
         # Reference implementations for parity tests only (CPU wheel).
         "torch==2.13.0",
+        # transformers' GGUF loader (the reference of the GGUF import tests) needs it.
+        "accelerate>=1.0,<2",
         "openai>=1.80,<4",
         "anthropic>=0.50,<3",
         # Executing the Colab notebooks in tests.

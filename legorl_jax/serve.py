@@ -4,8 +4,9 @@
   python -m legorl_jax.serve --model=/ckpt/qwen3-0.6b --uds=/tmp/policy.sock --max_len=8192
 
 ``--model`` is a Hugging Face directory (config.json + safetensors, loaded with
-``from_pretrained``; its tokenizer files are used) or a preset name (random weights, bundled
-tokenizer). Prints ``listening on URL`` once ready; stops on SIGINT / SIGTERM.
+``from_pretrained``; its tokenizer files are used), a pretrained name or .gguf file (converted
+once into ``~/.cache/legorl_jax/models``, see ``models.pretrained``) or a preset name (random
+weights, bundled tokenizer). Prints ``listening on URL`` once ready; stops on SIGINT / SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import sys
 def _parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(prog="python -m legorl_jax.serve",
                                description=__doc__.splitlines()[0])
-  ap.add_argument("--model", required=True, help="HF checkpoint directory or preset name")
+  ap.add_argument("--model", required=True,
+                  help="HF checkpoint directory, pretrained name (smollm2-135m-instruct), .gguf "
+                       "file or preset name")
   ap.add_argument("--tokenizer", default=None,
                   help="tokenizer dir / hub id (default: the checkpoint's, or the bundled one)")
   ap.add_argument("--host", default="127.0.0.1")
@@ -48,12 +51,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def build_server(args):
   """Model, tokenizer, engine and (not yet started) ProxyServer from parsed arguments."""
-  from legorl_jax.models import create_model, from_pretrained
+  from legorl_jax.models import create_model, from_pretrained, pretrained
   from legorl_jax.models.tokenizer import load_tokenizer
   from legorl_jax.proxy import EngineBackend, ProxyConfig, ProxyServer
   from legorl_jax.sampling import Engine
 
   path = pathlib.Path(args.model).expanduser()
+  if pretrained.is_pretrained_ref(args.model):  # a named model or .gguf -> its cached HF dir
+    path = pretrained.resolve_pretrained(args.model)
   if path.is_dir():
     model = from_pretrained(path)
     tokenizer = load_tokenizer(args.tokenizer or path)

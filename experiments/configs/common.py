@@ -10,6 +10,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.preset = "tiny"      # a preset name, or
   c.model.checkpoint = ""      # a Hugging Face checkpoint directory (overrides preset)
+  c.model.pretrained = ""      # or "smollm2-135m-instruct" / a .gguf file (models.pretrained)
   c.model.tokenizer = ""       # default: the checkpoint's, or the bundled one for presets
   c.model.remat = False
   c.model.compute_dtype = "float32"  # params stay float32; "bfloat16" on accelerators

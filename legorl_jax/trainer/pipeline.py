@@ -47,10 +47,17 @@ log = logging.getLogger(__name__)
 def build_policy(cfg):
   """(model, tokenizer) from ``cfg.model``."""
   compute = cfg.model.get("compute_dtype", "float32")
-  if cfg.model.checkpoint:
-    model = from_pretrained(cfg.model.checkpoint, compute_dtype=jnp.dtype(compute),
+  checkpoint = cfg.model.checkpoint
+  if cfg.model.get("pretrained", ""):  # a named model or .gguf: fetched/converted once, cached
+    from legorl_jax.models import pretrained  # pylint: disable=import-outside-toplevel
+    if checkpoint:
+      raise errors.ConfigError("config model.pretrained and model.checkpoint are both set; "
+                               "set one of them.")
+    checkpoint = str(pretrained.resolve_pretrained(cfg.model.pretrained))
+  if checkpoint:
+    model = from_pretrained(checkpoint, compute_dtype=jnp.dtype(compute),
                             remat=bool(cfg.model.remat))
-    tokenizer = tok_lib.load_tokenizer(cfg.model.tokenizer or cfg.model.checkpoint)
+    tokenizer = tok_lib.load_tokenizer(cfg.model.tokenizer or checkpoint)
   else:
     model = create_model(get_preset(cfg.model.preset, remat=bool(cfg.model.remat), dtype=compute),
                          seed=int(cfg.seed))
