@@ -58,7 +58,8 @@ class ProxyConfig:
   session (else unknown ids get 404). train_streams: streams whose segments are trained on.
   admin_token: required by ``POST /sess`` when set. record_anonymous: record ``/v1`` calls
   into the session "anonymous". token_cache_chars: text of the tokenized turns kept so that
-  resent histories are not tokenized again (0: off).
+  resent histories are not tokenized again (0: off). context_hint: how to get a longer
+  context (e.g. the serve flag to raise), appended to an over-long request's error.
   """
 
   model_name: str = "legorl-policy"
@@ -75,6 +76,7 @@ class ProxyConfig:
   admin_token: str | None = None
   record_anonymous: bool = False
   token_cache_chars: int = 32 << 20
+  context_hint: str = ""  # how to get a longer context, added to over-long requests' errors
 
 
 class ProxyService:
@@ -126,7 +128,8 @@ class ProxyService:
     if room < 1:
       raise errors.ProxyError(
           f"prompt is too long: {prompt_len} tokens > {self.max_len - 1} maximum (the model's "
-          f"context is {self.max_len} tokens); shorten or compact the conversation.",
+          f"context is {self.max_len} tokens); shorten or compact the conversation"
+          + (f", or {c.context_hint}." if c.context_hint else "."),
           status=400, code="context_length_exceeded", param="messages")
     max_tokens = req.max_tokens or c.default_max_tokens or room
     if c.max_tokens_cap:
@@ -164,7 +167,9 @@ class ProxyService:
       completion = await self.backend.generate(prompt, sampling, session_id=engine_session,
                                                request=req)
     except errors.ContextLengthError as e:
-      raise errors.ProxyError(str(e), code="context_length_exceeded", param="messages") from e
+      hint = f" ({self.config.context_hint})" if self.config.context_hint else ""
+      raise errors.ProxyError(str(e) + hint, code="context_length_exceeded",
+                              param="messages") from e
     except errors.ConfigError as e:
       raise errors.ProxyError(str(e)) from e
     except Exception as e:  # noqa: BLE001 -- a backend failure fails this request only
