@@ -1,5 +1,10 @@
 """A learner process for the kill-and-resume test: trains a small policy on batches drawn
-from the data position, checkpointing every step; resumes from the latest checkpoint."""
+from the data position, checkpointing every step; resumes from the latest checkpoint.
+
+``python -m tests.trainer.resume_worker WORKDIR TOTAL_STEPS OUT.npz [TRAINABLE]``: TRAINABLE is
+a ``trainer.trainable`` value ("all" by default, "top:1", "lora"); the checkpoint holds the
+trainables only, the frozen base is rebuilt from the seeded model, and OUT holds the merged
+policy parameters."""
 
 import sys
 
@@ -10,16 +15,25 @@ import numpy as np
 from legorl_jax.models import create_model
 from legorl_jax.models.params import split_model
 from legorl_jax.trainer import checkpoint, optimizer as opt_lib, state as state_lib, train_step as ts
+from legorl_jax.trainer import trainable as trainable_lib
 from tests.trainer import test_train_step as helpers
 
 
-def main(workdir: str, total_steps: int, out: str):
+def initial(trainable: str = "all"):
+  """(model_def, plan, frozen, fresh TrainState, optimizer, cfg) of the worker's run."""
   cfg = helpers.make_cfg(micro=2)
   cfg.optim.learning_rate, cfg.optim.max_grad_norm = 3e-3, 1.0
-  model_def, params = split_model(create_model(helpers.CFG, seed=0))
+  cfg.trainer.trainable, cfg.trainer.lora_rank, cfg.trainer.lora_alpha = trainable, 4, 8.0
+  model_def, base = split_model(create_model(helpers.CFG, seed=0))
+  plan = trainable_lib.plan_for(cfg.trainer, base)
+  frozen, params = plan.split(base, seed=5)
   opt = opt_lib.make_optimizer(cfg.optim)
-  step_fn = jax.jit(ts.make_train_step(model_def, opt, cfg), donate_argnums=(0,))
-  state = state_lib.create_train_state(params, opt, seed=1)
+  return model_def, plan, frozen, state_lib.create_train_state(params, opt, seed=1), opt, cfg
+
+
+def main(workdir: str, total_steps: int, out: str, trainable: str = "all"):
+  model_def, plan, frozen, state, opt, cfg = initial(trainable)
+  step_fn = jax.jit(ts.make_train_step(model_def, opt, cfg, plan=plan), donate_argnums=(0,))
   ckpt = checkpoint.Checkpointer(workdir, keep=2, async_save=True)
   position = 0
   if ckpt.latest_step() is not None:
@@ -28,14 +42,14 @@ def main(workdir: str, total_steps: int, out: str):
     print(f"resumed {int(state.step)} position {position}", flush=True)
   while int(state.step) < total_steps:
     batch = jax.tree.map(jnp.asarray, helpers.make_batch(seed=100 + position))
-    state, _ = step_fn(state, batch)
+    state, _ = step_fn(state, batch, frozen)
     position += 1
     ckpt.save(int(state.step), state, host={"data_position": position})
     print(f"saved {int(state.step)}", flush=True)
   ckpt.close()
-  np.savez(out, **{k: np.asarray(v) for k, v in state.params.items()})
+  np.savez(out, **{k: np.asarray(v) for k, v in plan.merge(frozen, state.params).items()})
   print("done", flush=True)
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+  main(sys.argv[1], int(sys.argv[2]), sys.argv[3], *sys.argv[4:5])

@@ -17,17 +17,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOTAL = 6
 
 
-def _worker(workdir, out):
+def _worker(workdir, out, trainable="all"):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS="")
   return subprocess.Popen([sys.executable, "-m", "tests.trainer.resume_worker", str(workdir),
-                           str(TOTAL), str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           str(TOTAL), str(out), trainable], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.mark.slow
-def test_kill_and_resume_is_bit_identical(tmp_path):
-  full = _worker(tmp_path / "full", tmp_path / "full.npz")
-  killed = _worker(tmp_path / "resumed", tmp_path / "unused.npz")
+@pytest.mark.parametrize("trainable", ["all", "top:1", "lora"])
+def test_kill_and_resume_is_bit_identical(tmp_path, trainable):
+  full = _worker(tmp_path / "full", tmp_path / "full.npz", trainable)
+  killed = _worker(tmp_path / "resumed", tmp_path / "unused.npz", trainable)
   lines = []
   for line in killed.stdout:
     lines.append(line)
@@ -36,7 +37,7 @@ def test_kill_and_resume_is_bit_identical(tmp_path):
       break
   killed.wait()
   assert any(l.startswith("saved 3") for l in lines), "".join(lines)
-  resumed = _worker(tmp_path / "resumed", tmp_path / "resumed.npz")
+  resumed = _worker(tmp_path / "resumed", tmp_path / "resumed.npz", trainable)
   out_resumed, _ = resumed.communicate(timeout=600)
   out_full, _ = full.communicate(timeout=600)
   assert resumed.returncode == 0, out_resumed
