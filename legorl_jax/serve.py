@@ -86,6 +86,7 @@ def build_server(args):
   from legorl_jax.models.tokenizer import load_tokenizer
   from legorl_jax.proxy import EngineBackend, ProxyConfig, ProxyServer
   from legorl_jax.sampling import Engine
+  from legorl_jax.sampling.prefix_cache import row_bytes
 
   path = pathlib.Path(args.model).expanduser()
   if pretrained.is_pretrained_ref(args.model):  # a named model or .gguf -> its cached HF dir
@@ -96,8 +97,6 @@ def build_server(args):
   else:
     model = create_model(args.model, seed=args.seed)
     tokenizer = load_tokenizer(args.tokenizer)
-  from legorl_jax.sampling.prefix_cache import row_bytes
-
   cfg = model.config
   max_len = choose_context(cfg, args.max_batch, args.max_len, args.kv_cache_gb)
   engine = Engine(model, max_batch=args.max_batch, max_len=max_len,

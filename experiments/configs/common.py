@@ -40,8 +40,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.engine = ml_collections.ConfigDict()
   c.engine.max_batch = 16
   c.engine.max_len = 1024
-  c.engine.prefill_buckets = (64, 256, 512)
+  c.engine.prefill_buckets = (64, 256, 512)  # prefill chunk: the smallest (fixed, aligned)
   c.engine.decode_chunk = 16
+  c.engine.prefix_cache = True    # prompt prefixes shared across requests (a group's prompt)
+  c.engine.prefix_cache_gb = 0.5  # LRU store for prefixes evicted from the engine's rows
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.tasks_per_step = 8

@@ -25,7 +25,9 @@ class PolicyService:
     self.engine = Engine(
         model, max_batch=int(cfg.engine.max_batch), max_len=int(cfg.engine.max_len),
         prefill_buckets=tuple(cfg.engine.prefill_buckets), decode_chunk=int(cfg.engine.decode_chunk),
-        seed=int(cfg.get("seed", 0)), decode_fn=tokenizer)
+        seed=int(cfg.get("seed", 0)), decode_fn=tokenizer,
+        prefix_reuse=bool(cfg.engine.get("prefix_cache", True)),
+        prefix_cache_gb=float(cfg.engine.get("prefix_cache_gb", 0.0)))
     self.engine.start()
     self._proxies: dict[str, ProxyServer] = {}
 

@@ -136,6 +136,12 @@ def rollout_metrics(results: Sequence[TrialResult], wall_s: float) -> dict[str, 
        "sampled_tokens_per_s": s["sampled_tokens"] / max(wall_s, 1e-9), "mean_turns": s["mean_turns"]}
   for status, c in s["status_counts"].items():
     m[f"status_{status}"] = float(c)
+  # Prompt tokens of the trials' sampler calls: served from the engine's prefix cache, and
+  # prefilled (every prompt token but the last, which the first decode step feeds).
+  calls = [c for r in results for c in (r.trajectory or {}).get("calls", ())]
+  m["prompt_tokens_cached"] = float(sum(c["reused_prefix_len"] for c in calls))
+  m["prompt_tokens_prefilled"] = float(sum(max(0, len(c["prompt_ids"]) - 1 - c["reused_prefix_len"])
+                                           for c in calls))
   for key in ("sandbox_s", "harness_s", "verify_s", "total_s"):
     vals = [r.durations[key] for r in results if key in r.durations]
     if vals:
