@@ -36,7 +36,7 @@ def built(tmp_path_factory):
   root = tmp_path_factory.mktemp("repo_tasks")
   project = repo_fixture.write(str(root / "tallykit"))
   out = str(root / "tasks.jsonl")
-  report = build_tasks(project, out, CONFIG)
+  report = build_tasks(project, out, CONFIG, tfds_dir=str(root / "tasks.tfds"))
   tasks, errors = load_tasks_jsonl(out)
   assert not errors
   return report, tasks, root
@@ -126,6 +126,24 @@ def test_eval_loader_takes_the_file(built):
   report, tasks, root = built
   loaded = load_tasks(str(root / "tasks.jsonl"))
   assert [t.id for t in loaded] == [t.id for t in tasks]
+
+
+def test_tfds_dataset_splits_share_no_function(built):
+  from legorl_jax.tasks.tfds_builder import open_task_source, record_to_task
+  report, tasks, root = built
+  by_split = {}
+  for t in tasks:
+    by_split.setdefault(t.metadata.extra["split"], set()).add(t.id)
+  got, funcs = {}, {}
+  for split in by_split:
+    source = open_task_source(report.tfds_dir, split)
+    ts = [record_to_task(source[i]) for i in range(len(source))]
+    got[split] = {t.id for t in ts}
+    funcs[split] = {(t.metadata.extra["file"], t.metadata.extra["function"]) for t in ts}
+    assert all(t.repo.data and t.gold_patch and t.hidden_tests for t in ts)
+  assert got == by_split
+  if len(funcs) == 2:
+    assert not funcs["train"] & funcs["validation"]
 
 
 def test_environment_spec_discovery(tmp_path):

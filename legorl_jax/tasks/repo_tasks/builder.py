@@ -14,7 +14,9 @@
 5. Validation with the real verifier, each in a fresh sandbox: the task as shipped fails,
    the task with the gold patch is solved. The verifier's seconds are recorded per task.
 6. The JSONL (and the TFDS dataset) is written under a temporary name and moved into place
-   only when everything succeeded: on any error nothing is left at the output paths.
+   only when everything succeeded: on any error nothing is left at the output paths. Each
+   task has a split (``metadata.split``): a function belongs to exactly one of train and
+   validation (``synthetic.split_of``), so the TFDS dataset's splits share no buggy function.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from legorl_jax.sandbox.diff import compute_diff
 from legorl_jax.tasks import jsonl, repo as repo_lib
 from legorl_jax.tasks.repo_tasks import env_spec as env_lib, instruction as instr_lib, mutate, source, suite
 from legorl_jax.tasks.schema import Limits, RepoSource, Task, TaskMetadata, VerifierSpec
+from legorl_jax.tasks.synthetic.generator import split_of
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +164,7 @@ def build_tasks(path: str, out_path: str, config: BuildConfig = BuildConfig(), *
                       f"rejected {rep.rejected}; raise --max_mutations or check the suite covers "
                       "the project's code")
     rep.tasks = len(tasks)
-    _write_outputs(tasks, out_path, tfds_dir, tmp)
-    rep.tfds_dir = tfds_dir
+    rep.tfds_dir = _write_outputs(tasks, out_path, tfds_dir, tmp)
     return rep
   finally:
     rep.wall_s = round(time.perf_counter() - t_start, 2)
@@ -329,6 +331,7 @@ def _tasks(cands, project, spec, image, baseline_s, config, rep) -> list[Task]:
         metadata=TaskMetadata(language="python", source="repo", extra={
             "project": project.name, "version": project.version, "origin": rep.origin,
             "content_hash": project.content_hash, "file": c.site.path, "function": c.site.qualname,
+            "split": split_of(f"{project.name}/{c.site.path}", c.site.qualname),
             "family": m.family, "bug_line": m.lineno, "bug_old": m.old, "bug_new": m.new,
             "install_command": spec.install_command, "test_command": spec.test_command}))
     tasks.append(Task.from_dict(json.loads(json.dumps(task.to_dict()))))  # the schema's own check
@@ -398,12 +401,13 @@ def _with_verifier_s(task: Task, secs: float) -> Task:
 
 # --- output -----------------------------------------------------------------------------------
 
-def _write_outputs(tasks, out_path, tfds_dir, tmp) -> None:
-  """Writes under temporary names next to the targets, then moves them into place."""
+def _write_outputs(tasks, out_path, tfds_dir, tmp) -> str | None:
+  """Writes under temporary names next to the targets, then moves them into place; returns
+  the directory to read the TFDS dataset from (``tasks.source`` / ``tasks=``), if built."""
   out_dir = os.path.dirname(os.path.abspath(out_path))
   os.makedirs(out_dir, exist_ok=True)
   part = os.path.join(out_dir, f".{os.path.basename(out_path)}.{os.getpid()}.part")
-  tfds_part = None
+  tfds_part = readable = None
   try:
     jsonl.write_tasks_jsonl(part, tasks)
     loaded, errors = jsonl.load_tasks_jsonl(part)
@@ -412,12 +416,21 @@ def _write_outputs(tasks, out_path, tfds_dir, tmp) -> None:
     if tfds_dir:
       from legorl_jax.tasks.tfds_builder import build_task_dataset
       tfds_part = tfds_dir.rstrip("/") + f".{os.getpid()}.part"
-      named = os.path.join(tmp, "train.jsonl")
-      shutil.copyfile(part, named)
-      build_task_dataset({"train": named}, tfds_part)
+      splits = {}
+      for t in tasks:
+        splits.setdefault(t.metadata.extra["split"], []).append(t)
+      if len(splits) < 2:
+        log.warning("all %d tasks fall in split %s; the dataset has no other split", len(tasks), list(splits))
+      files = {}
+      for name, ts in splits.items():
+        files[name] = os.path.join(tmp, f"{name}.jsonl")
+        jsonl.write_tasks_jsonl(files[name], ts)
+      inner = os.path.relpath(build_task_dataset(files, tfds_part), tfds_part)
       os.replace(tfds_part, tfds_dir)
+      readable = os.path.normpath(os.path.join(tfds_dir, inner))
       tfds_part = None
     os.replace(part, out_path)
+    return readable
   except BaseException:
     if tfds_part:
       shutil.rmtree(tfds_part, ignore_errors=True)
