@@ -230,3 +230,28 @@ def test_bad_input_build_error(tmp_path):
   with pytest.raises(TaskError, match="does not exist"):
     build_tasks(str(tmp_path / "nowhere"), out, CONFIG)
   _assert_nothing_written(tmp_path, out)
+
+
+@pytest.mark.docker
+def test_docker_build_error_names_the_problem(tmp_path, monkeypatch):
+  from legorl_jax.errors import SandboxError
+  from legorl_jax.sandbox import images
+  from legorl_jax.sandbox.docker_sandbox import docker_client
+  try:
+    client = docker_client(timeout=10)
+  except SandboxError as e:
+    pytest.skip(str(e))
+  base = f"{images.IMAGE_REPO}:{images.recipe_hash('bookworm', ('python3', 'git'), 'minbase', None)}"
+  if not images.image_exists(client, base):
+    pytest.skip("the base image is not built (building it needs the Debian mirror)")
+  monkeypatch.setenv("PIP_NO_INDEX", "1")  # offline: the missing backend fails at once
+  files = dict(repo_fixture.FILES)
+  files["pyproject.toml"] = files["pyproject.toml"].replace('requires = ["setuptools>=61"]',
+                                                            'requires = ["legorl-no-such-backend==0.0.0"]')
+  out = str(tmp_path / "t.jsonl")
+  config = BuildConfig(sandbox=SandboxConfig(backend="docker"), image_cache_dir=str(tmp_path / "cache"))
+  with pytest.raises(TaskError, match=r"(?s)build error: resolving the dependencies of tallykit.*legorl-no-such-backend"):
+    build_tasks(repo_fixture.write(str(tmp_path / "p"), files), out, config)
+  _assert_nothing_written(tmp_path, out)
+  assert not [n for n in os.listdir(tmp_path / "cache") if n.startswith("wheels-")]
+  assert not client.images.list(name="legorl/repo-tallykit-0.3.0")
