@@ -180,6 +180,10 @@ def _baseline(sb, spec, project, config, rep) -> tuple[list[str], float]:
   if first.timed_out:
     raise TaskError(f"the test suite of {project.name} did not finish in {timeout:.0f}s before any "
                     "mutation; give a longer --run_timeout_s or narrower --pytest_args")
+  if not first.junit_found:
+    raise TaskError(f"the test suite of {project.name} could not run before any mutation (exit "
+                    f"{first.exit_code}; is pytest installed where the sandbox runs it: in the image, "
+                    f"or for --sandbox=local in the host's python3?): {first.output_tail[-800:]}")
   if first.exit_code == 5 or (first.exit_code in (0, 1) and not first.outcomes):
     raise TaskError(f"no tests found: pytest collected no tests from {list(spec.test_paths)} in "
                     f"{project.name}: {first.output_tail[-800:]}")

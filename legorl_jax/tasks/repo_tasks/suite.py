@@ -31,6 +31,7 @@ class SuiteRun:
   timed_out: bool
   duration_s: float
   output_tail: str
+  junit_found: bool = True
 
   @property
   def completed(self) -> bool:
@@ -54,13 +55,14 @@ def run_suite(sandbox: Sandbox, spec: EnvSpec, *, timeout_s: float,
   output tail says why), never an exception."""
   r = sandbox.exec(suite_command(spec, paths), timeout=timeout_s)
   tail = (r.stdout[-3000:] + r.stderr[-2000:]).decode("utf-8", "replace")
-  outcomes, messages = {}, {}
+  outcomes, messages, found = {}, {}, True
   try:
     text = sandbox.read_file(JUNIT).decode("utf-8", "replace")
     outcomes = results.parse_junit_xml(text)
     messages = results.junit_failure_messages(text)
   except (SandboxError, VerifierError) as e:
+    found = False
     tail += f"\n[no test results: {e}]"
   sandbox.exec(f"rm -rf {SUITE_DIR}", timeout=30)
   return SuiteRun(outcomes=outcomes, messages=messages, exit_code=r.exit_code,
-                  timed_out=r.timed_out, duration_s=r.duration_s, output_tail=tail)
+                  timed_out=r.timed_out, duration_s=r.duration_s, output_tail=tail, junit_found=found)
