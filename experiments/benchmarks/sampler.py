@@ -1,14 +1,17 @@
 """Decode throughput of the sampling engine vs ``transformers`` ``generate`` on the same weights.
 
-Creates a random ``small`` policy, saves it as a HF checkpoint, loads that checkpoint in
-PyTorch (fp32, CPU), and times greedy generation of the same prompts with both, at each batch
-size (end to end: prefill + decode, requests sent from one thread each). Both sides get a
-warm-up run first; our engine compiles its bucket shapes before timing. Prints one JSON line
-with tokens/s and the ratio per batch size, and how often both picked the same greedy token.
+Creates a random ``small`` policy and saves it as a HF checkpoint (or takes ``--model``: a
+preset, an HF directory, a pretrained name such as ``smollm2-135m-instruct``, or a .gguf file),
+loads that checkpoint in PyTorch (fp32, CPU), and times greedy generation of the same prompts
+with both, at each batch size (end to end: prefill + decode, requests sent from one thread
+each; neither side stops early: no stop ids, no eos). Both sides get a warm-up run first; our
+engine compiles its bucket shapes before timing. Prints one JSON line with tokens/s and the
+ratio per batch size, and how often both picked the same greedy token.
 
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --batches 1,16 --new_tokens 128
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --repeats 3 --join_window_s 0
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --model=smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from legorl_jax.models import create_model, hf_io
+from legorl_jax.models import PRESETS, create_model, from_pretrained, hf_io, pretrained
 from legorl_jax.sampling import Engine, SamplingParams
 
 
@@ -56,9 +59,26 @@ def _hf_run(hf_model, prompts, new_tokens: int) -> tuple[float, np.ndarray]:
   return time.perf_counter() - t0, out[:, ids.shape[1]:].numpy()
 
 
+def _load(name: str, seed: int = 0):
+  """(our model, the same weights in transformers, what was loaded) for a preset / dir / name."""
+  import torch
+  from transformers import AutoModelForCausalLM
+  if name.lower() in PRESETS:
+    model = create_model(name, seed=seed)
+    with tempfile.TemporaryDirectory() as tmp:
+      hf_io.save_pretrained(model, tmp)
+      hf_model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    return model, hf_model, f"preset {name} (random weights)"
+  path = pretrained.resolve_pretrained(name)
+  hf_model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+  return from_pretrained(path), hf_model, str(path)
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--preset", default="small")
+  ap.add_argument("--preset", default="small", help="same as --model=PRESET")
+  ap.add_argument("--model", default=None,
+                  help="preset, HF directory, pretrained name or .gguf (default: --preset)")
   ap.add_argument("--batches", default="1,16")
   ap.add_argument("--prompt_len", type=int, default=64)
   ap.add_argument("--new_tokens", type=int, default=128)
@@ -69,15 +89,12 @@ def main():
                   help="Engine(join_window_s=...); default: the engine's; 0: no join window")
   args = ap.parse_args()
   import torch
-  from transformers import AutoModelForCausalLM
   if args.torch_threads:
     torch.set_num_threads(args.torch_threads)
 
   batches = [int(b) for b in args.batches.split(",")]
-  model = create_model(args.preset, seed=0)
-  with tempfile.TemporaryDirectory() as tmp:
-    hf_io.save_pretrained(model, tmp)
-    hf_model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+  model, hf_model, loaded = _load(args.model or args.preset)
+  hf_model.generation_config.eos_token_id = None  # generate all new_tokens, as the engine does
 
   max_len = 1 << (args.prompt_len + args.new_tokens - 1).bit_length()
   engine = Engine(model, max_batch=max(batches), max_len=max_len,
@@ -86,7 +103,10 @@ def main():
                   **({} if args.join_window_s is None else dict(join_window_s=args.join_window_s)),
                   attn_buckets=tuple(b for b in (128, 256, 512, 1024) if b < max_len) + (max_len,))
   rng = np.random.default_rng(0)
-  result = dict(benchmark="sampler", preset=args.preset, prompt_len=args.prompt_len,
+  name = args.model or args.preset
+  result = dict(benchmark="sampler", preset=name if name.lower() in PRESETS else None,
+                model=name, loaded=loaded,
+                params=model.config.num_params(), prompt_len=args.prompt_len,
                 new_tokens=args.new_tokens, decode_chunk=args.decode_chunk,
                 torch_threads=torch.get_num_threads(), backend=jax.default_backend(),
                 join_window_s=engine.join_window_s)
@@ -118,6 +138,7 @@ def main():
   result["greedy_token_agreement"] = round(min(agree), 4)
   result["compilations"] = engine.stats()["compilations"]
   result["reused_prompt_tokens_timed"] = reused  # 0: every timed prompt was prefilled in full
+  result["load_avg_1m"] = round(os.getloadavg()[0], 2)
   print(json.dumps(result))
 
 

@@ -277,7 +277,9 @@ def from_gguf(path: str | os.PathLike | GGUFFile, dtype=jnp.float32, mesh: Mesh 
           f"{file.path.name}: tensor {tensors[name].name} has shape {w.shape}, but the "
           f"metadata implies {shape[::-1] if transposed else shape}.")
     w = np.ascontiguousarray((w.T if transposed else w).astype(np_dtype, copy=False))
-    sharding = shardings.get(p) or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = shardings.get(p)
+    if sharding is None:
+      sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     values[p] = jax.make_array_from_callback(shape, sharding, lambda idx, w=w: w[idx])
   state = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in flat])
   return nnx.merge(graphdef, state)

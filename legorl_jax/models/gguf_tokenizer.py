@@ -73,7 +73,7 @@ def tokenizer_from_gguf(path: Any, *, chat_template: str = ct.CHAT_TEMPLATE):
     ``transformers.PreTrainedTokenizerFast`` with eos ``<|im_end|>`` when the vocabulary has it
     (else the file's eos), bos / pad from the file.
   """
-  from tokenizers import AddedToken, Tokenizer, decoders, models, processors  # pylint: disable=import-outside-toplevel
+  from tokenizers import AddedToken, Tokenizer, decoders, models  # pylint: disable=import-outside-toplevel
   from transformers import PreTrainedTokenizerFast  # pylint: disable=import-outside-toplevel
 
   file = open_gguf(path)
@@ -105,13 +105,11 @@ def tokenizer_from_gguf(path: Any, *, chat_template: str = ct.CHAT_TEMPLATE):
   ids = special_token_ids(file)
   names = {k: (tokens[v] if v is not None and 0 <= v < len(tokens) else None)
            for k, v in ids.items()}
-  bos = names["bos"]
-  if m.get("tokenizer.ggml.add_bos_token") and bos is not None:
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, ids["bos"])])
   pad = names["pad"] or (ct.ENDOFTEXT if ct.ENDOFTEXT in vocab else None)
+  # transformers writes the bos/eos post-processor itself from these two flags.
   return PreTrainedTokenizerFast(
-      tokenizer_object=tok, bos_token=bos, eos_token=names["eos"], pad_token=pad,
+      tokenizer_object=tok, bos_token=names["bos"], eos_token=names["eos"], pad_token=pad,
       unk_token=None, chat_template=chat_template, clean_up_tokenization_spaces=False,
-      add_bos_token=False, add_eos_token=False,
+      add_bos_token=bool(m.get("tokenizer.ggml.add_bos_token")) and names["bos"] is not None,
+      add_eos_token=bool(m.get("tokenizer.ggml.add_eos_token")) and names["eos"] is not None,
       model_max_length=int(m.get(f"{file.architecture}.context_length") or 4096))

@@ -146,7 +146,7 @@ def write_gguf(path: pathlib.Path, arch: str = "llama", *, seed: int = 0, qtypes
   w.add_bos_token_id(tokens.index(ct.IM_START))
   w.add_eos_token_id(tokens.index(ct.ENDOFTEXT))
   w.add_pad_token_id(tokens.index(ct.ENDOFTEXT))
-  w.add_add_bos_token(False)
+  w.add_add_bos_token(bool(tok.get("add_bos", False)))
   for name, shape in tensor_shapes(arch, lay).items():
     if name in skip:
       continue

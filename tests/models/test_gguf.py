@@ -215,6 +215,14 @@ def test_unsupported_tokenizer_errors(tmp_path):
     gguf_tokenizer.tokenizer_from_gguf(path)
 
 
+def test_add_bos_token_follows_the_file(tmp_path):
+  path = gf.write_gguf(tmp_path / "bos.gguf", "llama", qtypes={}, tokenizer=dict(add_bos=True))
+  tok = gguf_tokenizer.tokenizer_from_gguf(path)
+  assert tok.encode("hi")[0] == 8184 and tok.encode("hi", add_special_tokens=False)[0] != 8184
+  # Chat renders never get a second bos: the template writes every control token itself.
+  assert tk.render_chat(tok, [{"role": "user", "content": "hi"}])[:2] != [8184, 8184]
+
+
 # -- tokenizer -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=["smollm", "gpt2", "qwen2"])
 def gguf_tok(request, tmp_path_factory):
