@@ -1,8 +1,10 @@
 """Session prefix reuse: a multi-turn agent session with and without cached prefixes.
 
 Each turn resends the whole history plus ~``--turn_tokens`` new tokens (as agent harnesses do)
-and samples ``--new_tokens``. With reuse the engine prefills only the new tokens; without it,
-the whole history every turn. Both engines share the compiled shapes and hold one cache row
+and samples ``--new_tokens``. With reuse the engine prefills only what its cache does not
+hold: the new tokens and the previous turn's sampled ones (their decode-step K/V are not
+reused, so results stay bit-identical to the engine without reuse; ``--reuse_sampled_kv``
+reuses them too). Without reuse, the whole history every turn. Both engines share the compiled shapes and hold one cache row
 (one session); an untimed session runs first to compile every shape the timed one uses (the
 JSON line reports compilations during timing, which must be 0), and the two sessions alternate
 turn by turn. Wall time and the process's CPU time are both reported (on a shared machine the
@@ -57,6 +59,8 @@ def main():
   ap.add_argument("--turns", type=int, default=10)
   ap.add_argument("--turn_tokens", type=int, default=200)
   ap.add_argument("--new_tokens", type=int, default=32)
+  ap.add_argument("--reuse_sampled_kv", action="store_true",
+                  help="the reuse side also reuses the sampled tokens' K/V (not bit-exact)")
   args = ap.parse_args()
   model = create_model(args.preset, seed=0)
   vocab = model.config.vocab_size
@@ -66,8 +70,8 @@ def main():
             decode_chunk=16)
   result = dict(benchmark="prefix_reuse", preset=args.preset, turns=args.turns,
                 turn_tokens=args.turn_tokens, new_tokens=args.new_tokens,
-                backend=jax.default_backend())
-  with Engine(model, prefix_reuse=True, **kw) as reuse, \
+                reuse_sampled_kv=args.reuse_sampled_kv, backend=jax.default_backend())
+  with Engine(model, prefix_reuse=True, reuse_sampled_kv=args.reuse_sampled_kv, **kw) as reuse, \
       Engine(model, prefix_reuse=False, **kw) as plain:
     rng = np.random.default_rng(0)
     sessions([reuse, plain], rng, args.turns, args.turn_tokens, args.new_tokens, vocab)  # compile
@@ -83,6 +87,7 @@ def main():
   result["speedup"] = round(result["no_reuse_s"] / result["reuse_s"], 2)
   # CPU seconds of the process (both engines' threads): less sensitive to other load than wall.
   result["speedup_cpu"] = round(result["no_reuse_cpu_s"] / result["reuse_cpu_s"], 2)
+  result["load_avg_1m"] = os.getloadavg()[0]
   print(json.dumps(result))
 
 
