@@ -179,6 +179,11 @@ def test_instruction_drops_lines_that_name_the_function():
                     "AssertionError: assert 'A' == 'AL'\n +  where 'A' = abbreviate('ada  lovelace')")],
       path="tallykit/text.py", qualname="abbreviate", test_sources={})
   assert "test_initial_letters" in text and "assert 'A' == 'AL'" in text and "abbreviate" not in text
+  # A one-module project named like its main function still gets instructions (naming the
+  # project is unavoidable); its file path stays out.
+  text = instruction.make_instruction("parse", [("tests/test_parse.py::test_no_match", "assert None == 3")],
+                                      path="parse.py", qualname="parse", test_sources={})
+  assert text.startswith("parse: 1 test started failing") and "parse.py" not in text
   # A test whose own name is the function cannot be named: no instruction.
   assert instruction.make_instruction("tallykit", [("tests/t.py::abbreviate", "x")], path="tallykit/text.py",
                                       qualname="abbreviate", test_sources={}) is None

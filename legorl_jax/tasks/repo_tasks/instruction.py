@@ -23,17 +23,21 @@ def _ident(name: str) -> re.Pattern:
   return re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])")
 
 
-def leak_patterns(path: str, qualname: str) -> list[re.Pattern]:
+def leak_patterns(path: str, qualname: str, project: str = "") -> list[re.Pattern]:
   """What must not appear: the function's name as an identifier, the file's path (with or
-  without ``.py``) and, below the top package, its dotted module name."""
+  without ``.py``) and, below the top package, its dotted module name. A name that is the
+  project's own (a one-module project ``parse`` whose main function is ``parse``) is exempt:
+  the instruction has to say which project it is about."""
   func = qualname.split(".")[-1]
-  pats = [_ident(func), re.compile(re.escape(path)), re.compile(re.escape(path.removesuffix(".py")))]
-  mod = path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+  stem = path.removesuffix(".py")
+  names = [func, stem]
+  mod = stem.removesuffix("/__init__").replace("/", ".")
   for prefix in ("src.", "lib."):
     mod = mod.removeprefix(prefix)
   if "." in mod:
-    pats.append(_ident(mod))
-  return pats
+    names.append(mod)
+  own = {project.lower(), project.lower().replace("-", "_")}
+  return [re.compile(re.escape(path))] + [_ident(n) for n in dict.fromkeys(names) if n.lower() not in own]
 
 
 def source_lines(test_sources: dict[str, str]) -> set[str]:
@@ -68,7 +72,7 @@ def make_instruction(project: str, failing: list[tuple[str, str]], *, path: str,
                      test_sources: dict[str, str]) -> str | None:
   """The instruction for a task whose ``failing`` [(test id, message)] tests fail, or None
   when no failing test can be named without giving away where the bug is."""
-  leaks = leak_patterns(path, qualname)
+  leaks = leak_patterns(path, qualname, project)
   quoted = source_lines(test_sources)
   shown = []
   for tid, msg in failing:
