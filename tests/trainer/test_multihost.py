@@ -15,33 +15,40 @@ from legorl_jax.trainer.learner import Learner
 from tests.trainer import test_train_step as helpers
 
 
-def _cfg(mesh: bool):
+def _cfg(mesh: bool, trainable: str = "all"):
   c = common.base_config()
   c.trainer.micro_batches, c.trainer.rows_per_batch = 2, 8
   c.loss.entropy_coef = 0.01
   c.optim.learning_rate, c.optim.eps = 1e-3, 1e-3
+  c.trainer.trainable, c.trainer.lora_rank = trainable, 4
+  if trainable != "all":
+    c.loss.kl_coef = 0.05  # the reference (starting trainables, frozen base) on the mesh too
   if not mesh:
     del c.mesh
   return c
 
 
-def test_global_updater_on_a_mesh_matches_single_device_learner():
+@pytest.mark.parametrize("trainable", ["all", "top:1", "lora"])
+def test_global_updater_on_a_mesh_matches_single_device_learner(trainable):
   batches = [helpers.make_batch(b=8, seed=3), helpers.make_batch(b=8, seed=4)]
-  ref = Learner(create_model(helpers.CFG, seed=0), _cfg(mesh=False))
+  ref = Learner(create_model(helpers.CFG, seed=0), _cfg(mesh=False, trainable=trainable))
   assert ref.mesh is None
   m_ref = ref.update([dict(b) for b in batches])
-  sharded = Learner(create_model(helpers.CFG, seed=0), _cfg(mesh=True))
+  sharded = Learner(create_model(helpers.CFG, seed=0), _cfg(mesh=True, trainable=trainable))
   assert sharded.mesh is not None and sharded.mesh.devices.size == 8
   update = multihost.update_fn(sharded)
   m = update([dict(b) for b in batches])
   for k in ("loss/policy", "entropy"):
     np.testing.assert_allclose(m[k], m_ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
   assert m["learner_tokens"] == m_ref["learner_tokens"]
-  got, want = sharded.state.params, ref.state.params
+  got, want = sharded.params_copy(), ref.params_copy()
   for k in want:
     np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), atol=1e-5, err_msg=k)
-  assert not np.allclose(np.asarray(want["layers.0.mlp.up_kernel"]),
-                         np.asarray(create_model(helpers.CFG, seed=0).layers[0].mlp.up_kernel.value))
+  assert set(sharded.state.params) == set(ref.state.params)
+  moved = "layers.0.mlp.up_kernel" if trainable != "top:1" else "layers.1.mlp.up_kernel"
+  layer = int(moved.split(".")[1])
+  assert not np.allclose(np.asarray(want[moved]), np.asarray(
+      create_model(helpers.CFG, seed=0).layers[layer].mlp.up_kernel.value))
 
 
 def test_scored_cap_from_row_counts_matches_train_step():
