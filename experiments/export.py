@@ -1,5 +1,10 @@
 r"""Exports a run's latest (or a given) checkpoint as a Hugging Face model directory.
 
+The directory holds the merged policy, whatever ``trainer.trainable`` was: a top:K or LoRA
+checkpoint holds only the trainables, so the export rebuilds the run's base model from its
+config (``model.checkpoint`` / ``model.preset``), restores the trainables and writes
+``W + (alpha / r) A @ B`` for every adapted kernel: ``transformers`` loads it without PEFT.
+
   python -m experiments.export --workdir=/tmp/legorl_demo --out=/tmp/legorl_demo/hf
   python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('/tmp/legorl_demo/hf')"
 """
@@ -38,7 +43,8 @@ def main(argv):
   learner.state, host, step = ckpt.restore(learner.state, step=FLAGS.step)
   out = FLAGS.out or os.path.join(FLAGS.workdir, "hf")
   save_pretrained(learner.model(), out, tokenizer=tokenizer)
-  print(f"exported step {step} (phase {host.get('phase')}, RL step {host.get('rl_step')}) to {out}")
+  print(f"exported step {step} (phase {host.get('phase')}, RL step {host.get('rl_step')}, "
+        f"trainable {cfg.trainer.get('trainable', 'all')}, merged) to {out}")
 
 
 if __name__ == "__main__":
