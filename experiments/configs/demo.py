@@ -36,10 +36,10 @@ def get_config():
   c.harness.max_turns = 4
   c.sandbox.backend = "local"
   c.sampling.max_tokens = 128
-  c.engine.max_batch = 32
+  c.engine.max_batch = 16  # K/V: 16 rows x 2048 slots x 30 layers = 3 GiB in fp32
   c.engine.max_len = 2048
   c.engine.prefill_buckets = (64, 256, 512)
-  c.rollout.concurrency = 32
+  c.rollout.concurrency = 16
   c.rollout.tasks_per_step = 8
   c.rollout.samples_per_task = 8
   c.sft.num_demos = 320
