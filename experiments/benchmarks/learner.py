@@ -42,6 +42,17 @@ option through ``XLA_FLAGS``, reported as ``ratio_ours_over_tunix_same_xla_optio
 sides); ours then computes each group's prompt once (``trainer.share_prompt`` rows) and also
 runs the same batch on plain rows (``ours_unshared``) to show the sharing alone.
 
+``--model`` (a preset such as ``smollm2-135m`` for random weights of that shape, a Hugging Face
+directory, or a pretrained name such as ``smollm2-135m-instruct``, resolved by
+``models.pretrained.resolve_pretrained``) switches to the parameter-efficient comparison: one
+child process measures the matmul peak, then ``Learner``'s jitted step for each
+``--trainables`` setting (``trainer.trainable``: all, top:K, lora) on the same batch, and
+prints one JSON line (no Tunix). Its FLOPs are the useful work of each setting
+(``trainable_step_flops``): the full forward, the backward through the trained blocks only,
+and the weight gradients of what trains (LoRA merges its adapters into the kernels, so an
+adapted kernel's full weight gradient is computed, then projected onto A and B).
+
+  JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py --model=smollm2-135m-instruct
   JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py              # both sides
   JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py --group 4    # one group of 4
   JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py --skip_tunix # ours only
@@ -203,6 +214,119 @@ def run_ours(args) -> dict:
           "row_shape": list(batch["input_ids"].shape)}
 
 
+def load_model(name: str):
+  """(Decoder, what was loaded): a preset (random weights), an HF directory or a pretrained
+  name / .gguf file (``models.pretrained.resolve_pretrained``)."""
+  from legorl_jax.models import PRESETS, create_model, from_pretrained
+  if name.lower() in PRESETS:
+    return create_model(name.lower(), seed=0), f"preset {name} (random weights)"
+  from legorl_jax.models import pretrained
+  path = pretrained.resolve_pretrained(name)
+  return from_pretrained(str(path)), str(path)
+
+
+def trainable_step_flops(mcfg, plan, batch: int, seq_len: int, scored: int) -> dict:
+  """Useful FLOPs of one learner step under ``plan`` (dense matmuls; norms, softmax and the
+  optimizer are negligible): forward over every block and the lm head on the ``scored``
+  predictions; backward (activation gradients) through the blocks from the lowest trained
+  one up, and through the lm head; weight gradients of the trained kernels (``all``: every
+  block and the tied embedding as the lm head; ``top:K``: K blocks; LoRA: every adapted
+  kernel's merged weight gradient plus the low-rank projections onto A and B)."""
+  d, f, v = mcfg.hidden_size, mcfg.intermediate_size, mcfg.vocab_size
+  h, hkv, dh, nl = mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.num_layers
+  shapes = {"q": d * h * dh, "k": d * hkv * dh, "v": d * hkv * dh, "o": h * dh * d,
+            "gate": d * f, "up": d * f, "down": d * f}
+  per_layer = sum(shapes.values())
+  tokens = batch * seq_len
+  attn = 4.0 * batch * seq_len ** 2 * h * dh  # QK^T and PV, forward, per layer
+  head = 2.0 * d * v * scored
+  lo = plan.lowest_trained_layer([f"layers.{i}." for i in range(nl)])
+  n_bwd = nl - lo
+  fwd = nl * (2.0 * per_layer * tokens + attn) + head
+  bwd = n_bwd * (2.0 * per_layer * tokens + 2 * attn) + head
+  if plan.kind == "all":
+    wgrad = nl * 2.0 * per_layer * tokens + head  # the lm head's (tied: the embedding's)
+  elif plan.kind == "top":
+    wgrad = plan.spec.top_k * 2.0 * per_layer * tokens
+  else:
+    r = plan.spec.lora_rank
+    targeted = sum(shapes[t] for t in plan.spec.lora_targets)
+    wgrad = nl * (2.0 * targeted * tokens + 3 * 2.0 * targeted * r)  # dW, dA, dB, merge
+  return {"forward": fwd, "backward": bwd + wgrad, "total": fwd + bwd + wgrad}
+
+
+def run_trainables(args) -> dict:
+  """``Learner``'s jitted step for each of ``args.trainables`` on one GRPO batch (child)."""
+  import gc
+
+  import jax
+  import ml_collections
+  from experiments.configs import common
+  from legorl_jax.trainer import train_step as ts
+  from legorl_jax.trainer.learner import Learner
+
+  peak, peak_cpu = matmul_peak(args.matmul_n, args.matmul_repeats)
+  model, loaded = load_model(args.model)
+  mcfg = model.config
+  batch, layout = grpo_batch(mcfg.vocab_size, args.batch, args.prompt_len, args.completion_len,
+                             1, share=False)
+  cap = None if args.lm_head_on_all else ts.scored_cap_for(batch, args.micro_batches)
+  if args.lm_head_on_all:
+    raise SystemExit("--lm_head_on_all is not available with --model (Learner.update decides)")
+  scored = args.batch * args.completion_len
+  lora_cfg = common.base_config().trainer
+  out = {}
+  for trainable in args.trainables.split(","):
+    cfg = common.base_config()
+    del cfg.mesh
+    cfg.loss = ml_collections.ConfigDict(dict(
+        name="grpo", temperature=1.0, aggregation=args.aggregation, clip_eps_low=args.clip_eps,
+        clip_eps_high=args.clip_eps, vf_coef=0.0, kl_coef=0.0))
+    cfg.trainer.micro_batches, cfg.trainer.trainable = args.micro_batches, trainable
+    cfg.trainer.cpu_library_fusion = args.cpu_library_fusion
+    cfg.optim.learning_rate, cfg.optim.max_grad_norm = args.lr, args.max_grad_norm
+    learner = Learner(model, cfg)
+    run = lambda: learner.update([batch])  # noqa: E731 -- as the loops call it (metrics synced)
+    t0 = time.perf_counter()
+    m = run()
+    first = time.perf_counter() - t0
+    times, cpu = [], []
+    for _ in range(args.steps):
+      c0, t0 = time.process_time(), time.perf_counter()
+      m = run()
+      times.append(time.perf_counter() - t0)
+      cpu.append(time.process_time() - c0)
+    step_s, cpu_s = statistics.median(times), statistics.median(cpu)
+    fl = trainable_step_flops(mcfg, learner.plan, args.batch, args.prompt_len + args.completion_len, scored)
+    n_train = sum(int(x.size) for x in jax.tree.leaves(learner.state.params))
+    out[trainable] = {
+        "tokens_per_s": round(args.batch * (args.prompt_len + args.completion_len) / step_s, 1),
+        "step_s_median": round(step_s, 4), "step_s_all": [round(x, 4) for x in times],
+        "cpu_s_median": round(cpu_s, 4), "compile_and_first_s": round(first, 2),
+        "trainable_params": n_train, "step_gflops": round(fl["total"] / 1e9, 2),
+        "utilisation_of_matmul_peak": round(fl["total"] / step_s / peak, 4),
+        "utilisation_of_matmul_peak_cpu_time": round(fl["total"] / cpu_s / peak_cpu, 4),
+        "loss": float(m["loss/policy"]), "grad_norm": float(m["grad_norm"])}
+    print(json.dumps({trainable: out[trainable]}), file=sys.stderr, flush=True)
+    del learner, run, m
+    gc.collect()
+  base = out.get("all", {}).get("tokens_per_s")
+  return {"benchmark": "learner_trainable", "model": args.model, "loaded": loaded,
+          "n_params": mcfg.num_params(), "num_layers": mcfg.num_layers,
+          "batch": args.batch, "seq_len": args.prompt_len + args.completion_len,
+          "prompt_len": args.prompt_len, "completion_len": args.completion_len,
+          "steps": args.steps, "dtype": "float32", "scored_cap": cap,
+          "lora": {"rank": lora_cfg.lora_rank, "alpha": lora_cfg.lora_alpha,
+                   "targets": list(lora_cfg.lora_targets)},
+          "matmul_peak_gflops": round(peak / 1e9, 2), "matmul_gflop_per_cpu_s": round(peak_cpu / 1e9, 2),
+          "matmul_n": args.matmul_n, "jax_version": jax.__version__,
+          "tokens_per_s": {k: v["tokens_per_s"] for k, v in out.items()},
+          "speedup_over_all": ({k: round(v["tokens_per_s"] / base, 3) for k, v in out.items()}
+                               if base else None),
+          "utilisation_of_matmul_peak": {k: v["utilisation_of_matmul_peak"] for k, v in out.items()},
+          "runs": out}
+
+
 def profile_steps(run, state, profile_dir: str, n: int):
   """Runs ``n`` more steps under ``jax.profiler`` (for ``op_breakdown``); returns the state."""
   import jax
@@ -317,11 +441,30 @@ def main():
   p.add_argument("--rounds", type=int, default=1,
                  help="repeat all sides this many times; ratios are medians of per-round ratios")
   p.add_argument("--venv", default=DEFAULT_VENV)
+  p.add_argument("--model", default=None,
+                 help="parameter-efficient comparison on this model: a preset (random weights), "
+                      "an HF directory or a pretrained name (e.g. smollm2-135m-instruct)")
+  p.add_argument("--trainables", default="all,top:4,top:8,lora",
+                 help="with --model: trainer.trainable settings to time, comma-separated")
   p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  p.add_argument("--child_trainables", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args()
 
   if args.child:
     print(json.dumps(run_ours(args)), flush=True)
+    return
+  if args.child_trainables:
+    print(json.dumps(run_trainables(args)), flush=True)
+    return
+  if args.model:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    load_before = os.getloadavg()[0]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child_trainables", *sys.argv[1:]]
+    out = _child_json(cmd, env)
+    out.update(load_avg_1m_before=round(load_before, 2),
+               load_avg_1m_after=round(os.getloadavg()[0], 2), cpus=os.cpu_count())
+    print(json.dumps(out))
     return
 
   sys.path.insert(0, REPO)
