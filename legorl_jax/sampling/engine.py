@@ -500,33 +500,13 @@ class Engine:
     return admitted
 
   def _keep_evicted(self, row: int, tokens, kept: int):
-    """Copies the prefix a row held into the prefix store before a new request overwrites it
-    (the request keeps its first ``kept`` positions); skipped when nothing is lost or the
-    prefix is already held elsewhere."""
-    if not self._store.num_rows or len(tokens) <= kept:
-      return
-    held = np.asarray(tokens, np.int64)
-    for _, other in self._prefix_candidates(exclude=row, store=False):
-      if prefix_cache.match_len(held, other, len(held)) == len(held):
-        return
-    dst = self._store.place(held)
-    if dst is not None:
-      self._copy_rows(row, dst, len(held))
-
-  def _prefix_candidates(self, exclude: int, store: bool = True):
-    """``(row, token ids)`` of every row holding reusable K/V, but row ``exclude``: busy rows
-    (the prompt prefilled so far), idle rows (what they last held) and the prefix store."""
-    out = []
-    for slot in self._slots.slots:
-      if slot.index == exclude:
-        continue
-      req = self._live.get(slot.index)
-      if req is not None:
-        if req.next_prefill > 0:
-          out.append((slot.index, req.prompt_np[:req.next_prefill]))
-      elif slot.cached:
-        out.append((slot.index, np.asarray(slot.cached, np.int64)))
-    return out + (self._store.candidates() if store else [])
+    """Saves the prefix row ``row`` held into the prefix store before a new request (keeping
+    its first ``kept`` positions) overwrites it."""
+    if self._store.num_rows and len(tokens) > kept:
+      rows = prefix_cache.row_prefixes(self._slots.slots, self._live, exclude=row)
+      dst = self._store.place_evicted(np.asarray(tokens, np.int64), rows)
+      if dst is not None:
+        self._copy_rows(row, dst, len(tokens))
 
   def _copy_rows(self, src: int, dst: int, length: int):
     """K/V positions ``[0, length)`` of row ``src`` -> row ``dst`` (one device call)."""
@@ -538,8 +518,9 @@ class Engine:
     """Starts ``req`` from the longest prefix of its prompt another row or the store holds
     (when longer than what it has): one copy, no prefill."""
     req.search = False
-    row, m = prefix_cache.best_source(req.prompt_np, req.prefill_end,
-                                      self._prefix_candidates(exclude=req.slot))
+    held = (prefix_cache.row_prefixes(self._slots.slots, self._live, exclude=req.slot)
+            + self._store.candidates())
+    row, m = prefix_cache.best_source(req.prompt_np, req.prefill_end, held)
     if m <= req.next_prefill:
       return
     self._copy_rows(row, req.slot, m)

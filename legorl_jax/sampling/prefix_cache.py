@@ -54,6 +54,23 @@ def row_bytes(config, max_len: int, dtype) -> int:
           * dt.itemsize)
 
 
+def row_prefixes(slots, live, exclude: int) -> list[tuple[int, np.ndarray]]:
+  """``(row, token ids)`` of every engine row holding reusable K/V but row ``exclude``: busy
+  rows (``live[row]``: the prompt prefilled so far) and idle rows (``slots[row].cached``: what
+  they last held)."""
+  out = []
+  for slot in slots:
+    if slot.index == exclude:
+      continue
+    req = live.get(slot.index)
+    if req is not None:
+      if req.next_prefill > 0:
+        out.append((slot.index, req.prompt_np[:req.next_prefill]))
+    elif slot.cached:
+      out.append((slot.index, np.asarray(slot.cached, np.int64)))
+  return out
+
+
 class PrefixStore:
   """Extra cache rows ``[first_row, first_row + num_rows)`` holding prefixes, LRU-evicted.
 
@@ -103,6 +120,12 @@ class PrefixStore:
     self.tokens[slot] = np.array(tokens, copy=True)
     self.last_used[slot] = next(self._clock)
     return self.first_row + slot
+
+  def place_evicted(self, tokens: np.ndarray, rows: Sequence[tuple[int, np.ndarray]]):
+    """``place`` for a prefix leaving an engine row, unless another row (``rows``) holds it."""
+    if any(match_len(tokens, t, len(tokens)) == len(tokens) for _, t in rows):
+      return None
+    return self.place(tokens)
 
   def invalidate(self):
     """Forgets every stored prefix (new parameters make old K/V stale)."""
