@@ -4,10 +4,16 @@ A targeted kernel ``W [D_in, D_out]`` gets ``A [D_in, r]`` and ``B [r, D_out]``;
 ``W + (alpha / r) * A @ B``. ``B`` starts at zero, so before the first update the merged kernel
 is ``W`` exactly (``A @ 0`` is exactly 0 in IEEE arithmetic) and the policy is the base model.
 
-The adapters are applied by merging, not by a second matmul path in the decoder: the decoder
-(and the sampler, which always serves merged weights) stays one code path, and the merge is
-what the weight sync and the Hugging Face export need anyway. Adapter names extend the
-kernel's flat name: ``layers.3.attn.q_kernel.lora_a`` / ``.lora_b``.
+Two ways to apply them, with the same result up to float rounding:
+  * merged (``merged_kernels``): the kernel itself becomes ``W + s A @ B``. The sampler always
+    serves merged weights, and the weight sync and the Hugging Face export send them;
+  * low-rank (``LowRankKernel``), in the learner's step: ``x @ W + s (x @ A) @ B``. Autodiff
+    then never forms the ``[D_in, D_out]`` weight gradient of a frozen kernel (a merged kernel
+    would need it, to project it onto A and B), which is a third of a block's backward
+    matmuls. The Decoder needs no change: it multiplies ``x @ kernel[...].astype(dtype)``,
+    and ``LowRankKernel`` implements exactly those three operations.
+
+Adapter names extend the kernel's flat name: ``layers.3.attn.q_kernel.lora_a`` / ``.lora_b``.
 """
 
 from __future__ import annotations
@@ -61,4 +67,50 @@ def merged_kernels(base: dict[str, jax.Array], adapters: dict[str, jax.Array], k
                    scale: float) -> dict[str, jax.Array]:
   """``{kernel: merged}`` for each of ``kernels`` (flat names present in ``base``)."""
   return {k: merge_kernel(base[k], adapters[k + SUFFIX_A], adapters[k + SUFFIX_B], scale)
+          for k in kernels}
+
+
+@jax.tree_util.register_pytree_node_class
+class LowRankKernel:
+  """A kernel ``W [D_in, D_out]`` with a low-rank adapter, applied as ``x @ W + s (x @ A) @ B``.
+
+  Stands in for an array inside the Decoder (``kernel[...]``, ``.astype(dtype)``,
+  ``x @ kernel``; ``jax.Array.__matmul__`` defers to ``__rmatmul__`` for a non-array operand).
+  A pytree (children W, A, B), so it passes through ``nnx.merge`` / ``jax.checkpoint``.
+  """
+
+  def __init__(self, w, a, b, scale: float):
+    self.w, self.a, self.b, self.scale = w, a, b, scale
+
+  def tree_flatten(self):
+    return (self.w, self.a, self.b), self.scale
+
+  @classmethod
+  def tree_unflatten(cls, scale, children):
+    return cls(*children, scale)
+
+  @property
+  def shape(self):
+    return self.w.shape
+
+  @property
+  def dtype(self):
+    return self.w.dtype
+
+  def __getitem__(self, index):
+    if index is not Ellipsis:
+      raise TypeError("a LowRankKernel supports kernel[...] only")
+    return self
+
+  def astype(self, dtype):
+    return LowRankKernel(self.w.astype(dtype), self.a.astype(dtype), self.b.astype(dtype), self.scale)
+
+  def __rmatmul__(self, x):
+    return x @ self.w + self.scale * ((x @ self.a) @ self.b)
+
+
+def low_rank_kernels(base: dict[str, jax.Array], adapters: dict[str, jax.Array], kernels,
+                     scale: float) -> dict[str, LowRankKernel]:
+  """``{kernel: LowRankKernel}`` for each of ``kernels`` (see ``merged_kernels``)."""
+  return {k: LowRankKernel(base[k], adapters[k + SUFFIX_A], adapters[k + SUFFIX_B], scale)
           for k in kernels}

@@ -141,8 +141,9 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
 
   ``state.params`` holds the trainable parameters of ``plan`` (default: from
   ``cfg.trainer.trainable``, "all" when unset) and ``frozen`` the rest of the base model
-  (``{}`` or None for "all"); the step runs on ``plan.merge(frozen, state.params)`` and
-  differentiates only the trainables. With ``loss.kl_coef > 0`` the KL reference is the policy
+  (``{}`` or None for "all"); the step runs on ``plan.forward_params(frozen, state.params)``
+  (the merged policy; LoRA kernels applied as low-rank products) and differentiates only the
+  trainables. With ``loss.kl_coef > 0`` the KL reference is the policy
   of ``state.ref_params`` on the same frozen base.
 
   ``cfg`` fields: ``loss.name`` (a key of ``rl.POLICY_LOSSES``), the ``rl.LossConfig`` knobs under
@@ -162,13 +163,13 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
     plan = trainable_lib.plan_for(cfg.trainer, model_def.shapes())
 
   def micro_loss(trainable, mb, frozen, ref_params, d_pol, d_val, scored_cap, shared_prefix):
-    params = plan.merge(frozen, trainable["policy"])
+    params = plan.forward_params(frozen, trainable["policy"])
     logp, ent, values = forward_logprobs(model_def, params, mb, temperature=temperature,
                                          impl=impl, value_head=trainable["value_head"],
                                          scored_cap=scored_cap, shared_prefix=shared_prefix)
     sb = shifted(mb)
     if ref_params is not None:
-      ref_logp, _, _ = forward_logprobs(model_def, plan.merge(frozen, ref_params), mb,
+      ref_logp, _, _ = forward_logprobs(model_def, plan.forward_params(frozen, ref_params), mb,
                                         temperature=temperature, impl=impl,
                                         scored_cap=scored_cap, shared_prefix=shared_prefix)
       sb["ref_logp"] = jax.lax.stop_gradient(ref_logp)
@@ -234,7 +235,7 @@ def make_logprob_fn(model_def: ModelDef, *, temperature: float, impl: str | None
   tokens (column 0 is 0), for old/reference logprobs and sampler-vs-learner agreement checks.
 
   With ``plan``, ``fn(trainable, frozen, batch, shared_prefix=None)``: the policy of
-  ``plan.merge(frozen, trainable)``."""
+  ``plan.forward_params(frozen, trainable)``."""
 
   def full(params, batch, shared_prefix=None):
     logp, ent, _ = forward_logprobs(model_def, params, batch, temperature=temperature, impl=impl,
@@ -245,7 +246,7 @@ def make_logprob_fn(model_def: ModelDef, *, temperature: float, impl: str | None
   if plan is None:
     return full
   return lambda trainable, frozen, batch, shared_prefix=None: full(
-      plan.merge(frozen, trainable), batch, shared_prefix)
+      plan.forward_params(frozen, trainable), batch, shared_prefix)
 
 
 def batch_shardings(batch: Batch, mesh: Mesh) -> dict[str, NamedSharding]:

@@ -5,7 +5,10 @@ rebuilt from the base model, which is deterministic, and never enters the optimi
 gradient or a checkpoint. One pure function, ``Plan.merge(frozen, trainable)``, gives the full
 flat params dict the Decoder runs on, inside the jitted step: autodiff then differentiates
 only what depends on the trainable leaves, so with ``top:K`` the backward pass stops at the
-lowest trained block (the blocks below it only run forward).
+lowest trained block (the blocks below it only run forward). The step itself runs on
+``Plan.forward_params``, the same policy with LoRA kernels applied as ``x @ W + s (x @ A) @ B``
+(no weight gradient of a frozen kernel is formed); the sampler, the weight sync and the export
+get merged kernels.
 
 Config (the ``trainer`` section):
   trainable:    "all" (default) | "top:K" | "lora"
@@ -126,6 +129,14 @@ class Plan:
     if self.kind == "top":
       return {**frozen, **trainable}
     return {**frozen, **self.changed(frozen, trainable)}
+
+  def forward_params(self, frozen: Mapping[str, jax.Array], trainable: Mapping[str, jax.Array]):
+    """What the learner's forward (and backward) runs on: ``merge``, except that LoRA kernels
+    stay unmerged (``lora.LowRankKernel``), so no frozen kernel's weight gradient is formed."""
+    if self.kind != "lora":
+      return self.merge(frozen, trainable)
+    return {**frozen, **lora_lib.low_rank_kernels(frozen, trainable, self.lora_kernels,
+                                                  self.lora_scale)}
 
   def changed(self, frozen: Mapping[str, jax.Array], trainable: Mapping[str, jax.Array]) -> Params:
     """The parameters an update can change, as the sampler needs them: the trainable base
