@@ -216,7 +216,8 @@ def test_lora_low_rank_step_equals_the_merged_policy_with_and_without_remat():
   batch = helpers.make_batch(seed=9)
   out = {}
   for remat in (False, True):
-    learner = Learner(create_model(helpers.CFG.replace(remat=remat), seed=0), _cfg("lora", lr=3e-2))
+    learner = Learner(create_model(helpers.CFG.replace(remat=remat), seed=0), _cfg("lora"))
+    _sgd(learner, 0.5)  # update = -lr * gradient: differences stay rounding-sized (Adam's need not)
     learner.update([batch])
     learner.update([helpers.make_batch(seed=10)])
     out[remat] = _np(learner.state.params)
@@ -227,4 +228,4 @@ def test_lora_low_rank_step_equals_the_merged_policy_with_and_without_remat():
         merged, jax.tree.map(jnp.asarray, batch))
     np.testing.assert_allclose(low_rank, np.asarray(want), atol=1e-5)
   for k in out[False]:
-    np.testing.assert_allclose(out[True][k], out[False][k], atol=1e-5, err_msg=k)  # rounding (Adam)
+    np.testing.assert_allclose(out[True][k], out[False][k], atol=1e-6, err_msg=k)
