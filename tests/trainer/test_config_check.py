@@ -23,6 +23,8 @@ def test_demo_config_is_valid():
     ("trainer.micro_batches", 3, "trainer.micro_batches"),
     ("sandbox.backend", "vm", "sandbox.backend"),
     ("advantage.kwargs", {"mask_broken_groups": True}, "rollout.mask_broken_groups"),
+    ("trainer.trainable", "top:0", "trainer.trainable"),
+    ("trainer.trainable", "half", "trainer.trainable"),
 ])
 def test_bad_values_name_the_key(key, value, match):
   cfg = common.base_config()
