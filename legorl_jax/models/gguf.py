@@ -306,6 +306,11 @@ def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype="floa
   from legorl_jax.models import gguf_tokenizer  # pylint: disable=import-outside-toplevel
 
   out = Path(out).expanduser()
+  if jax.process_count() > 1:  # save_pretrained writes on process 0 only
+    raise errors.CheckpointError(
+        f"converting {Path(str(getattr(path, 'path', path))).name} in a {jax.process_count()}-"
+        "process run; convert it once with `python -m experiments.import_model --gguf=FILE "
+        "--out=DIR` and pass --config.model.checkpoint=DIR on every host.")
   if out.exists() and any(out.iterdir()) and not overwrite:
     raise errors.CheckpointError(f"{out} exists and is not empty; choose another output "
                                  "directory or pass overwrite=True (--overwrite).")

@@ -124,7 +124,7 @@ def write_gguf(path: pathlib.Path, arch: str = "llama", *, seed: int = 0, qtypes
   w = gguf.GGUFWriter(str(path), meta_arch or arch)
   w.add_name(f"test-{arch}")
   w.add_block_count(lay["layers"])
-  w.add_context_length(512)
+  w.add_context_length(lay.get("context", 512))
   w.add_embedding_length(lay["hidden"])
   w.add_feed_forward_length(lay["ffn"])
   w.add_head_count(lay["heads"])

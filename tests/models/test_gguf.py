@@ -345,3 +345,19 @@ def test_real_smollm2_matches_transformers(capsys):
   for msgs in CONVERSATIONS:
     _check_invariant(tok, msgs, [BASH, EDIT])
   assert tok.convert_ids_to_tokens(tok.encode("<|im_start|>assistant\n"))[:1] == [ct.IM_START]
+
+
+_CONVERTED = pretrained.DEFAULT_CACHE.expanduser() / "smollm2-135m-instruct"
+
+
+@pytest.mark.skipif(not (_CONVERTED / "config.json").is_file(),
+                    reason="converted SmolLM2 directory not in the cache")
+def test_real_smollm2_converted_dir_in_plain_transformers():
+  model = from_pretrained(_CONVERTED)
+  assert model.config == get_preset("smollm2-135m")
+  tok = tk.load_tokenizer(_CONVERTED)
+  assert tok.chat_template == ct.CHAT_TEMPLATE and tk.special_token_ids(tok)["eos"] == 2
+  ids = np.array([tk.render_chat(tok, CONVERSATIONS[0][:2], [BASH])])
+  hf = AutoModelForCausalLM.from_pretrained(str(_CONVERTED), dtype=torch.float32).eval()
+  delta = float(np.abs(_ours(model, ids) - _torch_logits(hf, ids)).max())
+  assert delta <= 1e-3, delta
