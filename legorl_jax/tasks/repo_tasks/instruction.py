@@ -87,7 +87,8 @@ def make_instruction(project: str, failing: list[tuple[str, str]], *, path: str,
   n = len(failing)
   head = (f"{project}: {n} test{'s' if n != 1 else ''} started failing\n\n"
           f"After a recent change, {'these tests' if len(shown) > 1 else 'this test'} of {project} "
-          f"fail{'' if len(shown) > 1 else 's'}" + (f" ({n - len(shown)} more fail as well)" if n > len(shown) else "")
+          f"fail{'' if len(shown) > 1 else 's'}" + (f" ({n - len(shown)} more fail{'s' if n - len(shown) == 1 else ''} as well)"
+             if n > len(shown) else "")
           + ":\n")
   body = []
   for name, lines in shown:
