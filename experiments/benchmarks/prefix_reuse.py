@@ -59,6 +59,7 @@ def main():
   ap.add_argument("--turns", type=int, default=10)
   ap.add_argument("--turn_tokens", type=int, default=200)
   ap.add_argument("--new_tokens", type=int, default=32)
+  ap.add_argument("--prefill_chunk", type=int, default=64)
   ap.add_argument("--reuse_sampled_kv", action="store_true",
                   help="the reuse side also reuses the sampled tokens' K/V (not bit-exact)")
   args = ap.parse_args()
@@ -66,11 +67,12 @@ def main():
   vocab = model.config.vocab_size
   need = args.turns * (args.turn_tokens + args.new_tokens)
   max_len = min(1 << need.bit_length(), model.config.max_position_embeddings)
-  kw = dict(max_batch=1, max_len=max_len, prefill_buckets=(256, 1024), prefill_rows=(1,),
+  kw = dict(max_batch=1, max_len=max_len, prefill_chunk=args.prefill_chunk, prefill_rows=(1,),
             decode_chunk=16)
   result = dict(benchmark="prefix_reuse", preset=args.preset, turns=args.turns,
                 turn_tokens=args.turn_tokens, new_tokens=args.new_tokens,
-                reuse_sampled_kv=args.reuse_sampled_kv, backend=jax.default_backend())
+                prefill_chunk=args.prefill_chunk, reuse_sampled_kv=args.reuse_sampled_kv,
+                backend=jax.default_backend())
   with Engine(model, prefix_reuse=True, reuse_sampled_kv=args.reuse_sampled_kv, **kw) as reuse, \
       Engine(model, prefix_reuse=False, **kw) as plain:
     rng = np.random.default_rng(0)
