@@ -323,6 +323,9 @@ def run_trainables(args) -> dict:
           "tokens_per_s": {k: v["tokens_per_s"] for k, v in out.items()},
           "speedup_over_all": ({k: round(v["tokens_per_s"] / base, 3) for k, v in out.items()}
                                if base else None),
+          # CPU-seconds per step are steadier than wall time on a shared host.
+          "speedup_over_all_cpu_time": ({k: round(out["all"]["cpu_s_median"] / v["cpu_s_median"], 3)
+                                         for k, v in out.items()} if base else None),
           "utilisation_of_matmul_peak": {k: v["utilisation_of_matmul_peak"] for k, v in out.items()},
           "runs": out}
 
