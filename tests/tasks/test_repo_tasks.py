@@ -260,3 +260,34 @@ def test_docker_build_error_names_the_problem(tmp_path, monkeypatch):
   _assert_nothing_written(tmp_path, out)
   assert not [n for n in os.listdir(tmp_path / "cache") if n.startswith("wheels-")]
   assert not client.images.list(name="legorl/repo-tallykit-0.3.0")
+
+
+def test_sources_git_checkout_and_sdist_give_the_same_clean_tree(tmp_path):
+  from legorl_jax.tasks.repo_tasks import source
+  import zipfile
+  repo = repo_fixture.write(str(tmp_path / "git"))
+  with open(os.path.join(repo, ".gitignore"), "w") as f:
+    f.write("scratch/\n")
+  os.makedirs(os.path.join(repo, "scratch"))
+  with open(os.path.join(repo, "scratch", "notes.py"), "w") as f:
+    f.write("x = 1\n")
+  env = {**os.environ, "GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "a",
+         "GIT_COMMITTER_EMAIL": "a@b"}
+  subprocess.run("git init -q && git add pyproject.toml tallykit && git commit -qm init", shell=True,
+                 cwd=repo, check=True, env=env)  # README and tests stay untracked (not ignored)
+  got = source.load_project(repo, str(tmp_path / "from_git"))
+  files = sorted(os.path.relpath(os.path.join(d, f), got.root) for d, _, fs in os.walk(got.root) for f in fs)
+  assert files == sorted(list(repo_fixture.FILES) + [".gitignore"])
+  assert (got.name, got.version) == ("tallykit", "0.3.0")
+  # The same project as a zip sdist (one top directory, PKG-INFO) and as a .tar.gz.
+  z = str(tmp_path / "tallykit-0.3.0.zip")
+  with zipfile.ZipFile(z, "w") as zf:
+    for rel, text in repo_fixture.FILES.items():
+      zf.writestr(f"tallykit-0.3.0/{rel}", text)
+  from_zip = source.load_project(z, str(tmp_path / "from_zip"))
+  from_tgz = source.load_project(repo_fixture.sdist(str(tmp_path / "t.tar.gz"), repo_fixture.FILES),
+                                 str(tmp_path / "from_tgz"))
+  assert from_zip.content_hash == from_tgz.content_hash
+  assert from_zip.content_hash == source.tree_hash(repo_fixture.write(str(tmp_path / "plain")))
+  with pytest.raises(TaskError, match="not NAME==VERSION"):
+    source.fetch_pypi_sdist("inflection")

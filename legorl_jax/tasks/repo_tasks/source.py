@@ -20,7 +20,7 @@ import tempfile
 import zipfile
 
 from legorl_jax.errors import TaskError
-from legorl_jax.tasks import repo as repo_lib
+from legorl_jax.tasks import repo as repo_lib, tree_check
 from legorl_jax.tasks.schema import RepoSource
 
 _JUNK_DIRS = {".git", "__pycache__", ".tox", ".nox", ".eggs", ".pytest_cache", ".mypy_cache",
@@ -98,6 +98,7 @@ def load_project(path: str, dest: str, *, origin: str | None = None) -> Project:
         _extract_zip(path, dest)
       else:
         repo_lib.materialize_repo(RepoSource(kind="archive", path=os.path.abspath(path)), dest)
+      _unwrap_single_dir(dest)  # sdists hold one top directory, with or without its own entry
     else:
       raise TaskError(f"--from_repo={path!r} does not exist; give a project directory, a git "
                       "checkout or an sdist archive (.tar.gz / .zip)")
@@ -140,12 +141,17 @@ def _extract_zip(path: str, dest: str) -> None:
       zf.extractall(dest)
   except zipfile.BadZipFile as e:
     raise TaskError(f"sdist {path!r} is not a readable zip archive: {e}") from None
+  tree_check.check_tree(dest, repr(path), tree_check.DEFAULT_LIMITS)  # sizes and counts, as for tars
+
+
+def _unwrap_single_dir(dest: str) -> None:
   entries = os.listdir(dest)
-  if len(entries) == 1 and os.path.isdir(os.path.join(dest, entries[0])):
+  if len(entries) == 1 and entries[0] != ".git" and os.path.isdir(os.path.join(dest, entries[0])):
     top = os.path.join(dest, entries[0])
-    for name in os.listdir(top):
-      shutil.move(os.path.join(top, name), os.path.join(dest, name))
-    os.rmdir(top)
+    tmp = dest + ".unwrap"
+    os.rename(top, tmp)
+    os.rmdir(dest)
+    os.rename(tmp, dest)
 
 
 def _clean(root: str) -> None:
