@@ -111,6 +111,19 @@ def test_logits_match_transformers_gguf_loader(gguf_file):
   assert np.abs(ref).max() > 3  # logits of a meaningful scale, not all ~0
 
 
+def test_mesh_load_places_each_param_in_its_sharding(tmp_path):
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from legorl_jax.sharding import make_mesh, state_shardings  # pylint: disable=import-outside-toplevel
+  path = gf.write_gguf(tmp_path / "m.gguf", "qwen2")
+  mesh = make_mesh(2, 2, 2)
+  model = from_gguf(path, mesh=mesh)
+  state = nnx.state(model, nnx.Param)
+  expected = dict(nnx.to_flat_state(state_shardings(state, mesh)))
+  for p, v in nnx.to_flat_state(state):
+    assert v[...].sharding == expected[p].get_value(), p
+  np.testing.assert_allclose(_ours(model), _ours(from_gguf(path)), atol=1e-5)
+
+
 def test_llama_q_k_rows_are_unpermuted(tmp_path):
   """A llama model written the way llama.cpp's converter writes it (q/k rows permuted per
   head) imports back to exactly the original weights."""
