@@ -52,7 +52,7 @@ def main(argv):
     entry = {"tasks": len(lines)}
     report = path.removesuffix(".jsonl") + ".json"
     if os.path.isfile(report) and os.path.getsize(report):
-      r = json.load(open(report))
+      r = json.loads(open(report).read().strip().splitlines()[-1])  # TFDS may print before it
       entry["build"] = {k: r.get(k) for k in ("project", "version", "baseline_tests", "baseline_s", "functions",
                                               "mutations_tried", "kept", "rejected", "kept_by_family",
                                               "image_s", "mutation_phase_s", "validation_s", "wall_s",
