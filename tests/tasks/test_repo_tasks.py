@@ -25,7 +25,8 @@ from tests.tasks import repo_fixture
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="needs bubblewrap")
 
-SANDBOX = SandboxConfig(backend="local", ro_mounts=(sys.prefix,),
+# A venv's python is a link into its base interpreter's prefix: mount both.
+SANDBOX = SandboxConfig(backend="local", ro_mounts=tuple(dict.fromkeys((sys.prefix, sys.base_prefix))),
                         env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
 CONFIG = BuildConfig(sandbox=SANDBOX, max_mutations=24, max_tasks=8, max_per_function=1, seed=3,
                      time_budget_s=240.0)
