@@ -93,7 +93,8 @@ def main():
             for g, p in enumerate(task_prompts) for s in range(n)]
 
   kw = dict(max_batch=int(cfg.engine.max_batch), max_len=int(cfg.engine.max_len),
-            prefill_chunk=min(cfg.engine.prefill_buckets), decode_chunk=int(cfg.engine.decode_chunk),
+            prefill_chunk=min(cfg.engine.prefill_buckets),
+            decode_chunk=int(cfg.engine.decode_chunk),
             max_stop_ids=8)
   result = dict(benchmark="group_prefill", model=args.model, tasks=len(task_prompts),
                 samples_per_task=n, prompt_tokens=[len(p) for p in task_prompts],

@@ -4,8 +4,9 @@ One background thread owns the device: it admits queued requests into free cache
 starts each from the longest cached prefix of its prompt (``sampling.prefix_cache``: any
 row's, or the prefix store's; requests admitted together share the prefill of what they have
 in common), prefills the rest in fixed chunks aligned to positions, and runs ``decode_chunk``
-sampling steps at a time over all live rows; finished rows are freed between chunks. Callers on any thread
-(``generate``) or asyncio task (``agenerate``) just wait for their ``Completion``.
+sampling steps at a time over all live rows; finished rows are freed between chunks. Callers
+on any thread (``generate``) or asyncio task (``agenerate``) just wait for their
+``Completion``.
 
 Shapes are drawn from fixed buckets (prefill rows x attention window, decode rows x attention
 window, prefix copies x window), so after the bucket set has compiled no request recompiles

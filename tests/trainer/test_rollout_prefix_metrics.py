@@ -9,7 +9,8 @@ def test_rollout_metrics_count_cached_and_prefilled_prompt_tokens():
   def calls(*pairs):
     return {"calls": [{"prompt_ids": list(range(n)), "reused_prefix_len": r} for n, r in pairs]}
 
-  results = [TrialResult("a", "t", "builtin", "solved", 1.0, trajectory=calls((300, 0), (420, 299))),
+  results = [TrialResult("a", "t", "builtin", "solved", 1.0,
+                         trajectory=calls((300, 0), (420, 299))),
              TrialResult("b", "t", "builtin", "failed", 0.0, trajectory=calls((300, 299))),
              TrialResult("c", "t", "builtin", "harness_error", 0.0)]  # no trajectory
   m = rl_loop.rollout_metrics(results, wall_s=2.0)
