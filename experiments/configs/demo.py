@@ -45,7 +45,7 @@ def get_config():
   c.sft.num_demos = 320
   c.sft.check_demos = 16
   c.sft.check_every = 10
-  c.sft.steps = 20
+  c.sft.steps = 10  # one epoch: 4 rows x 8 demonstrations per step
   c.sft.learning_rate = 3e-4
   # Each SFT row: the 298-token system prompt (SmolLM2's tokenizer) once, then eight
   # demonstrations behind it; leftovers go to plain rows of sft.buckets.
