@@ -25,10 +25,7 @@ def parse_junit_xml(text: str) -> dict[str, str]:
   The id is ``file::Class::name`` when the ``file`` attribute is present (xunit1),
   otherwise the dotted ``classname`` is turned into a path guess ``a/b.py::Class::name``.
   """
-  try:
-    root = ET.fromstring(text)
-  except ET.ParseError as e:
-    raise VerifierError(f"JUnit XML is malformed: {e}") from None
+  root = _junit_root(text)
   out = {}
   for case in root.iter("testcase"):
     name = case.get("name", "")
@@ -51,10 +48,7 @@ def junit_failure_messages(text: str) -> dict[str, str]:
   """{test id: the ``message`` of its failure or error} for the tests that did not pass (ids
   as ``parse_junit_xml`` gives them). The message is the exception's text (pytest's
   assertion explanation), without the traceback and the test source that follow it."""
-  try:
-    root = ET.fromstring(text)
-  except ET.ParseError as e:
-    raise VerifierError(f"JUnit XML is malformed: {e}") from None
+  root = _junit_root(text)
   out = {}
   for case in root.iter("testcase"):
     for child in case:
@@ -63,6 +57,13 @@ def junit_failure_messages(text: str) -> dict[str, str]:
             child.get("message") or "")
         break
   return out
+
+
+def _junit_root(text: str) -> ET.Element:
+  try:
+    return ET.fromstring(text)
+  except ET.ParseError as e:
+    raise VerifierError(f"JUnit XML is malformed: {e}") from None
 
 
 def _junit_id(file, classname, name):
