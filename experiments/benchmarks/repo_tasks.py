@@ -1,8 +1,9 @@
-r"""Tasks built from real PyPI projects, solved by the scripted gold-patch policy.
+r"""Tasks built from real PyPI projects, solved by the scripted gold-patch policy (or a model).
 
 For each task file (as ``experiments.make_tasks --pypi=NAME==VERSION --out=FILE`` writes it)
 draws a seeded sample of ``--sample`` tasks and runs ``experiments.eval`` with the scripted
-policy through each harness on the Docker backend. Prints one JSON line: per project the
+policy (``--policy``: or a Hugging Face checkpoint directory, e.g. a demo run's
+``sft_policy`` or its ``experiments.export``) through each harness on the Docker backend. Prints one JSON line: per project the
 task count, the build report's figures (when ``FILE`` minus ``.jsonl`` plus ``.json`` holds
 the report make_tasks printed), and per harness the solve rate and the verifier seconds
 per trial (the verifier's wall time inside the trial: hidden tests copied in, suite run,
@@ -10,6 +11,8 @@ results read).
 
   python -m experiments.benchmarks.repo_tasks --tasks=/tmp/b/inflection.jsonl,/tmp/b/parse.jsonl \
       --harnesses=builtin,mini-swe-agent --sample=20
+  python -m experiments.benchmarks.repo_tasks --tasks=... --harnesses=builtin \
+      --policy=/tmp/legorl_demo/sft_policy --temperature=0.6 --sample=5
 """
 
 import json
@@ -30,6 +33,10 @@ flags.DEFINE_integer("seed", 0, "Sample seed.")
 flags.DEFINE_string("sandbox", "docker", "Sandbox backend.")
 flags.DEFINE_integer("concurrency", 2, "Concurrent trials.")
 flags.DEFINE_string("workdir", None, "Where eval runs write (default: a temporary directory).")
+flags.DEFINE_string("policy", "scripted", "scripted (gold patches) or a Hugging Face checkpoint directory.")
+flags.DEFINE_float("temperature", 1.0, "Sampling temperature of a model policy.")
+flags.DEFINE_integer("max_turns", 12, "Harness turn budget per trial.")
+flags.DEFINE_integer("max_tokens", 512, "Tokens per model call (a model policy).")
 FLAGS = flags.FLAGS
 
 
@@ -45,7 +52,9 @@ def main(argv):
   del argv
   root = FLAGS.workdir or tempfile.mkdtemp(prefix="legorl_repo_tasks_")
   os.makedirs(root, exist_ok=True)
-  out = {"benchmark": "repo_tasks", "sandbox": FLAGS.sandbox, "sample": FLAGS.sample, "projects": {}}
+  out = {"benchmark": "repo_tasks", "sandbox": FLAGS.sandbox, "sample": FLAGS.sample,
+         "policy": FLAGS.policy, "temperature": FLAGS.temperature, "max_turns": FLAGS.max_turns,
+         "projects": {}}
   for path in FLAGS.tasks:
     lines = [l for l in open(path) if l.strip()]
     name = os.path.basename(path).removesuffix(".jsonl")
@@ -66,9 +75,10 @@ def main(argv):
       wd = os.path.join(root, f"{name}.{harness}")
       t0 = time.perf_counter()
       p = subprocess.run([sys.executable, "-m", "experiments.eval", "--config=experiments/configs/eval.py",
-                          f"--workdir={wd}", f"--config.harness={harness}", "--config.policy=scripted",
+                          f"--workdir={wd}", f"--config.harness={harness}", f"--config.policy={FLAGS.policy}",
                           f"--config.sandbox={FLAGS.sandbox}", f"--config.tasks={sample_path}",
-                          f"--config.concurrency={FLAGS.concurrency}", "--config.max_turns=12"],
+                          f"--config.concurrency={FLAGS.concurrency}", f"--config.max_turns={FLAGS.max_turns}",
+                          f"--config.temperature={FLAGS.temperature}", f"--config.max_tokens={FLAGS.max_tokens}"],
                          capture_output=True, text=True)
       res = {"wall_s": round(time.perf_counter() - t0, 1), "rc": p.returncode}
       if p.returncode != 0:
