@@ -2,11 +2,11 @@ r"""Tasks built from real PyPI projects, solved by the scripted gold-patch polic
 
 For each task file (as ``experiments.make_tasks --pypi=NAME==VERSION --out=FILE`` writes it)
 draws a seeded sample of ``--sample`` tasks and runs ``experiments.eval`` with the scripted
-policy (``--policy``: or a Hugging Face checkpoint directory, e.g. a demo run's
-``sft_policy`` or its ``experiments.export``) through each harness on the Docker backend. Prints one JSON line: per project the
-task count, the build report's figures (when ``FILE`` minus ``.jsonl`` plus ``.json`` holds
-the report make_tasks printed), and per harness the solve rate and the verifier seconds
-per trial (the verifier's wall time inside the trial: hidden tests copied in, suite run,
+policy (``--policy``: or a Hugging Face checkpoint directory, e.g. a demo run's ``sft_policy``
+or its ``experiments.export``) through each harness on the Docker backend. Prints one JSON line:
+per project the task count, the build report's figures (when ``FILE`` minus ``.jsonl`` plus
+``.json`` holds the report make_tasks printed), and per harness the solve rate and the verifier
+seconds per trial (the verifier's wall time inside the trial: hidden tests copied in, suite run,
 results read).
 
   python -m experiments.benchmarks.repo_tasks --tasks=/tmp/b/inflection.jsonl,/tmp/b/parse.jsonl \

@@ -9,13 +9,14 @@ directory instead where no package registry is reachable). Only the top blocks t
 (``trainer.trainable = "top:4"``): the backward pass stops there, and SFT and RL both run at
 about three times the all-parameter speed on CPU.
 
-Phases: scripted demonstrations through the built-in harness on hinted training tasks; SFT
-(the untuned model writes prose and calls no tools); a held-out evaluation; GRPO in the same
-harness; the same evaluation again. ~39 minutes on 2 CPU cores, and RL does not yet raise the
-held-out solve rate (issue 22; BENCHMARKS.md, "The SmolLM2 demo", has every run). Two held-out sets: repositories under names no
-training task uses (``tasks.held_out = "names"``, the main figures) and templates no training
-task uses (``tasks.also_held_out``). Every GRPO group's prompt is prefilled once (the engine's
-prefix cache). ``summary.json`` gives the solve rates and ``wall_s_by_phase``.
+Phases: scripted demonstrations through the built-in harness on hinted training tasks; SFT (the
+untuned model writes prose and calls no tools); a held-out evaluation; GRPO in the same harness;
+the same evaluation again. ~39 minutes on 2 CPU cores, and RL does not yet raise the held-out
+solve rate (issue 22; BENCHMARKS.md, "The SmolLM2 demo", has every run). Two held-out sets:
+repositories under names no training task uses (``tasks.held_out = "names"``, the main figures)
+and templates no training task uses (``tasks.also_held_out``). Every GRPO group's prompt is
+prefilled once (the engine's prefix cache). ``summary.json`` gives the solve rates and
+``wall_s_by_phase``.
 
 ``demo_tiny.py`` is the same pipeline on the 1.8M-parameter ``tiny`` preset (the tests' config).
 """
