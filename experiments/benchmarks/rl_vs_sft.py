@@ -22,16 +22,6 @@ flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
 
 
-def continuation_config(cfg, workdir: str):
-  """The run's config, starting from its warm-started policy as the run saved it (with its
-  tokenizer) instead of what the run started from (a preset or a pretrained model's name)."""
-  cfg = cfg.copy_and_resolve_references()
-  cfg.model.checkpoint = os.path.join(workdir, "sft_policy")
-  if "pretrained" in cfg.model:
-    cfg.model.pretrained = ""
-  return cfg
-
-
 def main(argv):
   del argv
   import ml_collections
@@ -51,7 +41,7 @@ def main(argv):
   out_dir = os.path.join(wd, "sft_continuation")
   os.makedirs(out_dir, exist_ok=True)
 
-  cfg = continuation_config(cfg, wd)
+  cfg = pipeline.from_sft_policy(cfg, wd)
   model, tokenizer = pipeline.build_policy(cfg)
   demos = sft.load_demonstrations(os.path.join(wd, "sft_demos", "demos.jsonl"))
   sft_cfg = pipeline.sft_config(cfg)

@@ -65,6 +65,17 @@ def build_policy(cfg):
   return model, tokenizer
 
 
+def from_sft_policy(cfg, workdir: str):
+  """A copy of a finished run's config that starts from the run's warm-started policy
+  (``WORKDIR/sft_policy``, saved with its tokenizer) instead of what the run started from (a
+  preset or a pretrained model's name): what an SFT continuation of the run loads."""
+  cfg = cfg.copy_and_resolve_references()
+  cfg.model.checkpoint = os.path.join(workdir, "sft_policy")
+  if "pretrained" in cfg.model:
+    cfg.model.pretrained = ""
+  return cfg
+
+
 HELD_OUT_MODES = ("templates", "names")
 
 

@@ -1,6 +1,6 @@
-"""rl_vs_sft continues SFT from the run's own warm-started policy, whatever the run started from."""
+"""An SFT continuation of a run (rl_vs_sft.py) starts from the run's own warm-started policy,
+whatever the run started from."""
 
-from experiments.benchmarks import rl_vs_sft
 from experiments.configs import demo
 from legorl_jax.models import create_model, get_preset, save_pretrained
 from legorl_jax.models import tokenizer as tok_lib
@@ -14,7 +14,7 @@ def test_continuation_of_a_pretrained_run_loads_its_sft_policy(tmp_path):
   assert cfg.model.pretrained
   model = create_model(get_preset("tiny"), seed=0)
   save_pretrained(model, str(tmp_path / "sft_policy"), tokenizer=tok_lib.load_tokenizer())
-  cont = rl_vs_sft.continuation_config(cfg, str(tmp_path))
+  cont = pipeline.from_sft_policy(cfg, str(tmp_path))
   loaded, _ = pipeline.build_policy(cont)
   assert loaded.config.num_params() == model.config.num_params()
   assert cont.model.checkpoint == str(tmp_path / "sft_policy") and not cont.model.pretrained
