@@ -323,24 +323,29 @@ class Decoder(nnx.Module):
     Returns:
       [B, T, D] in the compute dtype.
     """
-    b, t = input_ids.shape
-    if positions is None:
-      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    if segment_ids is None:
-      segment_ids = jnp.ones((b, t), jnp.int32)
-    if shared_prefix is not None:
-      mask = GroupedMask.from_segments(segment_ids, *shared_prefix)
-    else:
-      causal = jnp.tril(jnp.ones((t, t), bool))
-      mask = (causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
-              & (segment_ids[:, :, None] != 0))
-    x = self.embed_tokens(input_ids)
-    for block in self.layers:
+    return self.hidden_from(self.embed_tokens(input_ids), 0, positions, segment_ids, shared_prefix)
+
+  def trunk(self, input_ids, stop: int, positions=None, segment_ids=None, shared_prefix=None):
+    """The input of block ``stop``: the embedding run through blocks ``[0, stop)`` ([B, T, D],
+    not normed). ``hidden_from(trunk(ids, k, ...), k, ...)`` is ``hidden(ids, ...)``: a frozen
+    trunk's output can be computed once and reused (``trainer.trunk_cache``)."""
+    positions, mask = _positions_and_mask(input_ids.shape, positions, segment_ids, shared_prefix)
+    return self.run_blocks(self.embed_tokens(input_ids), positions, mask, 0, stop)
+
+  def hidden_from(self, x, start: int, positions=None, segment_ids=None, shared_prefix=None):
+    """Final-normed hidden states from ``x`` [B, T, D], the input of block ``start``: blocks
+    ``[start, L)`` then the final norm (arguments as ``hidden``)."""
+    positions, mask = _positions_and_mask(x.shape[:2], positions, segment_ids, shared_prefix)
+    return self.final_norm(self.run_blocks(x, positions, mask, start))
+
+  def run_blocks(self, x, positions, mask, start: int = 0, stop: int | None = None):
+    """Blocks ``[start, stop)`` (default: to the top) on ``x`` [B, T, D]; ``mask`` as ``attend``."""
+    for block in self.layers[start:stop]:
       if self.config.remat:
         x = _remat_block(block, x, positions, mask)
       else:
         x, _ = block(x, positions, mask)
-    return self.final_norm(x)
+    return x
 
   def __call__(self, input_ids, positions=None, segment_ids=None):
     """int32 [B, T] -> float32 logits [B, T, V]."""
@@ -370,6 +375,21 @@ class Decoder(nnx.Module):
       ks.append(k)
       vs.append(v)
     return self.final_norm(x), KVCache(k=tuple(ks), v=tuple(vs))
+
+
+def _positions_and_mask(shape, positions, segment_ids, shared_prefix):
+  """Default positions and segment ids of ``hidden``'s rows, and their attention mask."""
+  b, t = shape
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  if segment_ids is None:
+    segment_ids = jnp.ones((b, t), jnp.int32)
+  if shared_prefix is not None:
+    return positions, GroupedMask.from_segments(segment_ids, *shared_prefix)
+  causal = jnp.tril(jnp.ones((t, t), bool))
+  mask = (causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
+          & (segment_ids[:, :, None] != 0))
+  return positions, mask
 
 
 def _remat_block(block: Block, x, positions, mask):
