@@ -121,6 +121,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.stop_at_greedy_exact = ml_collections.config_dict.placeholder(float)
   c.sft.demos = ""               # a demos.jsonl to train on instead of collecting
   c.sft.share_prompt = ()        # as trainer.share_prompt, for SFT steps (demos share the system prompt)
+  # Host memory (MB, float32) for the frozen blocks' output per demonstration (top:K): SFT runs
+  # them once per demonstration, then only the trained blocks; past the bound, as without. 0: off.
+  c.sft.trunk_cache_mb = 2048
 
   c.eval = ml_collections.ConfigDict()
   c.eval.before_after = True     # held-out evaluation before and after RL

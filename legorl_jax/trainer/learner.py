@@ -96,6 +96,8 @@ class Learner:
         self.model_def, temperature=float(cfg.loss.get("temperature", 1.0)),
         impl=cfg.trainer.get("logprob_impl", None), plan=self.plan),
         static_argnames=("shared_prefix",), compiler_options=self.compiler_options)
+    self._trunk = jax.jit(ts.make_trunk_fn(self.model_def, self.plan),
+                          static_argnames=("shared_prefix",), compiler_options=self.compiler_options)
     self._merge = jax.jit(self.plan.merge)
     self._changed = jax.jit(self.plan.changed)
 
@@ -144,6 +146,19 @@ class Learner:
     dev = {k: jnp.asarray(v) for k, v in batch.items()}
     logp, ent = self._logprob(self.state.params, self.frozen, dev, shared_prefix=layout)
     return np.asarray(logp), np.asarray(ent)
+
+  @property
+  def trunk_layer(self) -> int:
+    """The lowest trained block: blocks below it are frozen (0: nothing is)."""
+    return self.plan.lowest_trained_layer(self.model_def.shapes())
+
+  def trunk_states(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+    """float32 ``[B, T, D]``: the input of block ``trunk_layer`` for ``batch`` (frozen
+    parameters only). ``update`` takes it back as ``batch[train_step.TRUNK_KEY]`` and then runs
+    only the trained blocks and the head, with the same result (``trainer.trunk_cache``)."""
+    batch, layout = batching.split_layout(batch)
+    dev = {k: jnp.asarray(v) for k, v in batch.items() if k != ts.TRUNK_KEY}
+    return np.asarray(self._trunk(self.state.params, self.frozen, dev, shared_prefix=layout))
 
   def params_copy(self):
     """A device-side copy of the full (merged) policy parameters, safe to hand to the sampler."""

@@ -23,6 +23,7 @@ from legorl_jax.rollout.runner import TrialJob, run_trials
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.trainer import config_check, rl_loop
 from legorl_jax.trainer.policy_service import scripted_proxy
+from legorl_jax.trainer.trunk_cache import TrunkCache
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +110,41 @@ def _bucketed(seqs, buckets) -> tuple[list[list], np.ndarray]:
   return pools, sizes / sizes.sum()
 
 
+def _trunk_cache(learner, seqs, cfg, shared, plain_phase, budget_mb) -> TrunkCache | None:
+  """A filled ``TrunkCache`` of ``seqs`` (each distinct one once, laid out as the training
+  steps lay them out, so the trunk compiles for their shapes only), or None when it is off or
+  nothing below the trained blocks is frozen."""
+  if budget_mb is None:
+    budget_mb = float((cfg.get("sft", None) or {}).get("trunk_cache_mb", 0) or 0)
+  if budget_mb <= 0:
+    return None
+  if not hasattr(learner, "trunk_states") or learner.trunk_layer <= 0:
+    log.info("SFT trunk cache off: %s", "no frozen blocks below the trained ones"
+             if hasattr(learner, "trunk_states") else "the learner is sharded over hosts")
+    return None
+  distinct = list({tuple(s.token_ids): s for s in seqs}.values())
+  if shared is not None:
+    batches, _ = rl_loop.grouped_then_plain(distinct, cfg)
+  else:
+    _, rows, buckets = plain_phase
+    batches, _ = batching.make_batches(distinct, buckets=buckets, rows_per_batch=rows,
+                                       pack=bool(cfg.trainer.get("pack", False)))
+  cache = TrunkCache(learner.trunk_states, budget_mb)
+  cache.fill(batches)
+  log.info("SFT trunk cache: %d of %d distinct sequences (%.0f MB, below block %d) in %.1f s",
+           cache.sequences, len(distinct), cache.bytes / 2**20, learner.trunk_layer, cache.fill_s)
+  if cache.over_budget:
+    log.warning("SFT trunk cache: %d sequences past sft.trunk_cache_mb=%g are not stored; steps "
+                "that draw them run the frozen blocks as without the cache (exact, slower)",
+                cache.over_budget, budget_mb)
+  return cache
+
+
 def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
             on_step: Callable[[int, dict], None] | None = None,
             max_seconds: float | None = None, check_demos: Sequence[dict] = (),
             check_every: int = 50, stop_at_greedy_exact: float | None = None,
-            short_context_steps: int = 0) -> dict:
+            short_context_steps: int = 0, trunk_cache_mb: float | None = None) -> dict:
   """``steps`` updates on demonstration sequences sampled (seeded) with replacement, or fewer
   when ``max_seconds`` of wall time run out first (for equal-time baselines).
 
@@ -133,6 +164,12 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
   ``branches * rows_per_batch`` sequences and lays them out as rows of one shared system
   prompt and ``branches`` demonstrations (``batching.make_grouped_batches``), the prompt
   computed once per row.
+
+  With ``trunk_cache_mb`` > 0 (default: ``sft.trunk_cache_mb`` of ``cfg``, else 0) and a
+  frozen trunk (``trainer.trainable = "top:K"``), the frozen blocks run once per distinct
+  demonstration sequence before the first step and later steps run only the trained blocks
+  and the head on the stored states (``trunk_cache``): the same losses, faster. Sequences past
+  the bound are not stored; a batch that holds one trains as without the cache.
   """
   seqs = [s for d in demos for s in batching.sequences_from_trajectory(d, advantage=1.0)]
   if not seqs:
@@ -154,6 +191,7 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
     plain_phase = (_bucketed(seqs, buckets), rows, tuple(buckets))
   last = {}
   t0 = time.perf_counter()
+  cache = _trunk_cache(learner, seqs, cfg, shared, plain_phase, trunk_cache_mb)
   for step in range(steps):
     if max_seconds is not None and time.perf_counter() - t0 >= max_seconds:
       break
@@ -167,7 +205,11 @@ def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
       pick = [pool[i] for i in rng.integers(0, len(pool), n_rows)]
       batches, _ = batching.make_batches(pick, buckets=phase_buckets, rows_per_batch=n_rows,
                                          pack=bool(cfg.trainer.get("pack", False)))
+    if cache is not None:
+      batches = [cache.attach(b) or b for b in batches]
     last = learner.update(batches)
+    if cache is not None:
+      last.update(cache.metrics())
     last["nll"] = last.get("loss/policy", 0.0)  # REINFORCE at advantage 1 is the token NLL
     last["sft_step"] = step + 1
     done = step == steps - 1

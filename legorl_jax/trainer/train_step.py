@@ -29,6 +29,9 @@ from legorl_jax.trainer.state import TrainState
 
 Batch = dict[str, jax.Array]
 REQUIRED_KEYS = ("input_ids", "positions", "segment_ids", "loss_mask", "advantages")
+# Optional f32 [B, T, D]: the frozen trunk's output for the batch (``make_trunk_fn``); the step
+# then runs only the trained blocks and the head.
+TRUNK_KEY = "trunk"
 
 
 def _within_segment(segment_ids: jax.Array) -> jax.Array:
@@ -60,7 +63,8 @@ def scored_mask(batch: Batch) -> jax.Array:
 
 def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, temperature: float,
                      impl: str | None = None, value_head=None, scored_cap: int | None = None,
-                     shared_prefix: tuple[int, int] | None = None):
+                     shared_prefix: tuple[int, int] | None = None,
+                     trunk: jax.Array | None = None, trunk_layer: int = 0):
   """Teacher-forced logprobs of next tokens.
 
   With ``scored_cap`` (static), the lm head runs only on the scored predictions (at most
@@ -68,13 +72,19 @@ def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, tempe
   ``[N, D] x [D, V]`` work); other positions get logp = entropy = 0. The caller guarantees the
   cap is not exceeded (``scored_cap_for``). Logits are never materialised. ``shared_prefix``
   (static ``(P, L)``) marks grouped rows: a shared prompt and its branches
-  (``batching.make_grouped_batches``).
+  (``batching.make_grouped_batches``). With ``trunk`` ([B, T, D], the input of block
+  ``trunk_layer`` as ``Decoder.trunk`` gives it: a frozen trunk's output computed once, see
+  ``trainer.trunk_cache``), only blocks ``trunk_layer ..`` and the head run.
 
   Returns ``(logp [B, T-1], entropy [B, T-1], values [B, T-1] or None)`` in float32.
   """
   model = model_def.merge(params)
-  hidden = model.hidden(batch["input_ids"], batch["positions"], batch["segment_ids"],
-                        shared_prefix=shared_prefix)
+  if trunk is None:
+    hidden = model.hidden(batch["input_ids"], batch["positions"], batch["segment_ids"],
+                          shared_prefix=shared_prefix)
+  else:
+    hidden = model.hidden_from(trunk.astype(model.config.compute_dtype), trunk_layer,
+                               batch["positions"], batch["segment_ids"], shared_prefix=shared_prefix)
   h = hidden[:, :-1]
   b, t, d = h.shape
   targets = batch["input_ids"][:, 1:].reshape(-1).astype(jnp.int32)
@@ -161,17 +171,21 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
   vf_clip = cfg.loss.get("vf_clip", None)
   if plan is None:
     plan = trainable_lib.plan_for(cfg.trainer, model_def.shapes())
+  trunk_layer = plan.lowest_trained_layer(model_def.shapes())
 
   def micro_loss(trainable, mb, frozen, ref_params, d_pol, d_val, scored_cap, shared_prefix):
     params = plan.forward_params(frozen, trainable["policy"])
+    trunk = dict(trunk=mb[TRUNK_KEY], trunk_layer=trunk_layer) if TRUNK_KEY in mb else {}
     logp, ent, values = forward_logprobs(model_def, params, mb, temperature=temperature,
                                          impl=impl, value_head=trainable["value_head"],
-                                         scored_cap=scored_cap, shared_prefix=shared_prefix)
+                                         scored_cap=scored_cap, shared_prefix=shared_prefix,
+                                         **trunk)
     sb = shifted(mb)
-    if ref_params is not None:
+    if ref_params is not None:  # the same frozen trunk: its states serve the reference too
       ref_logp, _, _ = forward_logprobs(model_def, plan.forward_params(frozen, ref_params), mb,
                                         temperature=temperature, impl=impl,
-                                        scored_cap=scored_cap, shared_prefix=shared_prefix)
+                                        scored_cap=scored_cap, shared_prefix=shared_prefix,
+                                        **trunk)
       sb["ref_logp"] = jax.lax.stop_gradient(ref_logp)
     sb.update(logp=logp, entropy=ent)
     pl_sum, _, m = rl_losses.policy_loss(loss_name, sb, cfg.loss)
@@ -227,6 +241,22 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
     return new_state, out
 
   return train_step
+
+
+def make_trunk_fn(model_def: ModelDef, plan: trainable_lib.Plan):
+  """``fn(trainable, frozen, batch, shared_prefix=None) -> [B, T, D]`` float32: the input of
+  the lowest trained block (``plan.lowest_trained_layer``), which depends on frozen parameters
+  only (the trained blocks do not run). Fed back as ``batch[TRUNK_KEY]``, the train step skips
+  the blocks below it with the same result."""
+  stop = plan.lowest_trained_layer(model_def.shapes())
+
+  def fn(trainable, frozen, batch, shared_prefix=None):
+    model = model_def.merge(plan.forward_params(frozen, trainable))
+    x = model.trunk(batch["input_ids"], stop, batch["positions"], batch["segment_ids"],
+                    shared_prefix=shared_prefix)
+    return x.astype(jnp.float32)
+
+  return fn
 
 
 def make_logprob_fn(model_def: ModelDef, *, temperature: float, impl: str | None = None,
