@@ -32,7 +32,7 @@ def load_tasks(spec: str, *, difficulty: str = "easy", split: str = "validation"
   """``synthetic:N`` | a task JSONL file | a TFDS task dataset directory -> list[Task]."""
   from legorl_jax import errors
   if spec.startswith("synthetic"):
-    from legorl_jax.tasks.synthetic import generate_tasks
+    from legorl_jax.taskgen.synthetic import generate_tasks
     _, _, n = spec.partition(":")
     try:
       n = int(n or 4)

@@ -7,7 +7,7 @@
   python -m experiments.make_tasks --pypi=inflection==0.5.1 --out=tasks.jsonl  # ... from its sdist
 
 --from_repo / --pypi build SWE-smith-style tasks from a Python project's own test suite
-(``legorl_jax.tasks.repo_tasks``): PATH is a directory, a git checkout or an sdist archive.
+(``legorl_jax.taskgen.repo``): PATH is a directory, a git checkout or an sdist archive.
 """
 
 import json
@@ -16,7 +16,7 @@ import os
 from absl import app, flags, logging
 
 from legorl_jax.tasks import jsonl
-from legorl_jax.tasks.synthetic import generate_tasks
+from legorl_jax.taskgen.synthetic import generate_tasks
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", None, "Directory for train.jsonl / validation.jsonl (and tfds/).")
@@ -50,8 +50,8 @@ flags.DEFINE_bool("validate", True, "Check each task with the verifier (fails as
 def _repo_main():
   from legorl_jax.errors import SandboxError, TaskError
   from legorl_jax.sandbox import SandboxConfig
-  from legorl_jax.tasks.repo_tasks import BuildConfig, build_tasks
-  from legorl_jax.tasks.repo_tasks.source import fetch_pypi_sdist
+  from legorl_jax.taskgen.repo import BuildConfig, build_tasks
+  from legorl_jax.taskgen.repo.source import fetch_pypi_sdist
   if bool(FLAGS.from_repo) == bool(FLAGS.pypi) or not FLAGS.out:
     raise app.UsageError("give --out=FILE.jsonl and exactly one of --from_repo=PATH or --pypi=NAME==VERSION")
   tfds_dir = None

@@ -1,7 +1,7 @@
 r"""Trains the bundled byte-level BPE tokenizer of the tiny / small presets.
 
 The corpus is text this repository produces: the repo's own Python files, the files of
-generated bug-fix tasks (`legorl_jax.tasks.synthetic`, when importable), and, from a seed,
+generated bug-fix tasks (`legorl_jax.taskgen.synthetic`, when importable), and, from a seed,
 Python modules, tests, diffs, shell sessions (ls, cat -n, git, pytest, tracebacks) and agent
 transcripts (tool definitions, <tool_call> JSON calls, tool responses) generated here and
 rendered through the package's chat template. The output is a `transformers` fast-tokenizer
@@ -539,11 +539,11 @@ def repo_sources(root=REPO_ROOT):
 def synthetic_task_sources(seed, n_tasks=64):
   """Instructions, repo files, hidden tests and gold patches of generated bug-fix tasks.
 
-  Best effort: `legorl_jax.tasks.synthetic` is optional here; without it (or if it fails) the
+  Best effort: `legorl_jax.taskgen.synthetic` is optional here; without it (or if it fails) the
   corpus goes without these documents, and the manifest says so.
   """
   try:
-    from legorl_jax.tasks.synthetic import generate_tasks  # pylint: disable=g-import-not-at-top
+    from legorl_jax.taskgen.synthetic import generate_tasks  # pylint: disable=g-import-not-at-top
     tasks = generate_tasks(n_tasks, seed=seed)
   except Exception:  # pylint: disable=broad-except
     return []

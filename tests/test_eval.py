@@ -12,7 +12,7 @@ from legorl_jax import errors
 from legorl_jax.harnesses import install
 from legorl_jax.rewards import status as st
 from legorl_jax.tasks.jsonl import write_tasks_jsonl
-from legorl_jax.tasks.synthetic import generate_tasks
+from legorl_jax.taskgen.synthetic import generate_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

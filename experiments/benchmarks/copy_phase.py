@@ -61,7 +61,7 @@ def run(lr: float, args, tok):
   import optax
   from flax import nnx
   from legorl_jax.models import create_model
-  from legorl_jax.tasks.synthetic.rename import MODULES, PACKAGES
+  from legorl_jax.taskgen.synthetic.rename import MODULES, PACKAGES
 
   model = create_model(args.preset, seed=args.seed)
   opt = nnx.Optimizer(model, optax.adamw(lr, b2=args.b2), wrt=nnx.Param)

@@ -37,7 +37,7 @@ from legorl_jax.models.tokenizer import load_tokenizer  # noqa: E402
 from legorl_jax.proxy import openai_chat  # noqa: E402
 from legorl_jax.proxy.render import ChatRenderer  # noqa: E402
 from legorl_jax.sampling import Engine, SamplingParams, steps  # noqa: E402
-from legorl_jax.tasks import synthetic  # noqa: E402
+from legorl_jax.taskgen import synthetic  # noqa: E402
 from legorl_jax.models import tokenizer as tokenization  # noqa: E402
 
 

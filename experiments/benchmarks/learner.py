@@ -122,7 +122,7 @@ def grpo_batch(vocab: int, b: int, prompt_len: int, completion_len: int, group: 
   Returns (numpy batch of ``[rows, width]`` arrays, ``shared_prefix`` layout or None).
   """
   import numpy as np
-  from legorl_jax.rollout import batching
+  from legorl_jax.trainer import batching
   rng = np.random.default_rng(0)
   t, tp = prompt_len + completion_len, prompt_len
   ids = rng.integers(2, vocab, (b, t)).astype(np.int32)

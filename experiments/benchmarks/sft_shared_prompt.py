@@ -50,7 +50,7 @@ def main():
   args = p.parse_args()
 
   from experiments.configs import demo_tiny as demo
-  from legorl_jax.rollout import batching
+  from legorl_jax.trainer import batching
   from legorl_jax.trainer import pipeline, sft
   from legorl_jax.trainer.learner import Learner
 

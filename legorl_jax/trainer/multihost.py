@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from legorl_jax import errors
-from legorl_jax.rollout import batching
+from legorl_jax.trainer import batching
 from legorl_jax.rollout.runner import TrialJob, run_trials
 from legorl_jax.rollout.trial import TrialResult
 from legorl_jax.sharding import distributed

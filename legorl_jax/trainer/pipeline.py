@@ -33,7 +33,7 @@ from legorl_jax.proxy.service import derive_seed
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sandbox import SandboxConfig
 from legorl_jax.sharding import distributed
-from legorl_jax.tasks import synthetic
+from legorl_jax.taskgen import synthetic
 from legorl_jax.tasks.loader import TaskLoader
 from legorl_jax.trainer import config_check, multihost, rl_loop, sft as sft_lib
 from legorl_jax.trainer.checkpoint import Checkpointer

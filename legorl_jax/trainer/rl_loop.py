@@ -24,7 +24,8 @@ import numpy as np
 from legorl_jax.proxy.service import derive_seed
 from legorl_jax.rl import advantages as adv_lib
 from legorl_jax.rewards import status as st
-from legorl_jax.rollout import batching, filters
+from legorl_jax.rollout import filters
+from legorl_jax.trainer import batching
 from legorl_jax.rollout.runner import summarize
 from legorl_jax.rollout.trial import TrialConfig, TrialResult
 from legorl_jax.trainer import config_check, multihost

@@ -18,7 +18,7 @@ import numpy as np
 
 from legorl_jax.harnesses.scripted import ScriptedPolicy, patches_by_instruction
 from legorl_jax.rewards import status as st
-from legorl_jax.rollout import batching
+from legorl_jax.trainer import batching
 from legorl_jax.rollout.runner import TrialJob, run_trials
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.trainer import config_check, rl_loop

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from legorl_jax.rollout import batching
+from legorl_jax.trainer import batching
 from legorl_jax.trainer.train_step import TRUNK_KEY
 
 log = logging.getLogger(__name__)

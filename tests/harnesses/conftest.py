@@ -40,7 +40,7 @@ from legorl_jax.rollout.runner import TrialJob, run_trials
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sampling import Engine
 from legorl_jax.sandbox import SandboxConfig
-from legorl_jax.tasks.synthetic import generate_tasks
+from legorl_jax.taskgen.synthetic import generate_tasks
 
 TINY_MAX_LEN = 8192
 TINY_TEMPERATURE = 1.0

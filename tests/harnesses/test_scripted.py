@@ -15,7 +15,7 @@ from legorl_jax.harnesses.scripted import (ScriptedPolicy, edits_from_patch,
                                            patches_by_instruction, search_replace_blocks)
 from legorl_jax.proxy.types import Message, RenderedRequest
 from legorl_jax.tasks.repo import materialize_repo
-from legorl_jax.tasks.synthetic import generate_tasks
+from legorl_jax.taskgen.synthetic import generate_tasks
 
 EDIT_TOOLS = [
     {"type": "function", "function": {"name": "bash", "parameters": {

@@ -5,7 +5,7 @@ import pytest
 
 from legorl_jax.models.tokenizer import load_tokenizer
 from legorl_jax.proxy import ProxyConfig, ScriptedBackend
-from legorl_jax.tasks.synthetic import generate_tasks
+from legorl_jax.taskgen.synthetic import generate_tasks
 from tests.harnesses.conftest import start_proxy, stop_proxy
 from tests.reliability import faultkit
 

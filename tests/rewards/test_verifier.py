@@ -9,7 +9,7 @@ from legorl_jax.rewards.verifier import verify
 from legorl_jax.sandbox import SandboxConfig, create_sandbox
 from legorl_jax.sandbox.local import bwrap_path
 from legorl_jax.tasks.schema import Task
-from legorl_jax.tasks.synthetic import generate_tasks
+from legorl_jax.taskgen.synthetic import generate_tasks
 
 pytestmark = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap not installed (.ci/setup_system.sh)")
 

@@ -11,7 +11,7 @@ from legorl_jax.harnesses import base
 from legorl_jax.harnesses.scripted import ScriptedPolicy, patches_by_instruction
 from legorl_jax.models.tokenizer import load_tokenizer
 from legorl_jax.proxy import ProxyConfig, ScriptedBackend
-from legorl_jax.tasks.synthetic import generate_tasks
+from legorl_jax.taskgen.synthetic import generate_tasks
 from tests.harnesses.conftest import start_proxy, stop_proxy
 
 

@@ -18,7 +18,7 @@ from legorl_jax.rewards.verifier import verify
 from legorl_jax.sandbox import SandboxConfig, base, create_sandbox, images
 from legorl_jax.sandbox.local import bwrap_path
 from legorl_jax.tasks.schema import Task
-from legorl_jax.tasks.synthetic import generate_tasks
+from legorl_jax.taskgen.synthetic import generate_tasks
 
 sys.path.insert(0, os.path.dirname(__file__))
 from unix_http import serve_unix  # noqa: E402

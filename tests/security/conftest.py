@@ -18,7 +18,7 @@ from legorl_jax.models import create_model, get_preset
 from legorl_jax.models.tokenizer import load_tokenizer
 from legorl_jax.proxy import EngineBackend, ProxyConfig, ProxyServer, ScriptedBackend
 from legorl_jax.sampling import Engine
-from legorl_jax.tasks.synthetic import generate_tasks
+from legorl_jax.taskgen.synthetic import generate_tasks
 
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t"}

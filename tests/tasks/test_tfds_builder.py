@@ -7,7 +7,7 @@ import pytest
 from legorl_jax.errors import TaskError
 from legorl_jax.tasks import jsonl, tfds_builder
 from legorl_jax.tasks.loader import TaskLoader
-from legorl_jax.tasks.synthetic import generate_tasks
+from legorl_jax.taskgen.synthetic import generate_tasks
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,7 @@ def test_trial_seeds_differ_per_step_task_and_sample():
 def test_build_batches_shares_each_groups_prompt():
   """With trainer.share_prompt a group's samples become branches of one row behind their
   prompt; a trajectory too long for a branch goes to a plain row; advantages stay per sample."""
-  from legorl_jax.rollout import batching
+  from legorl_jax.trainer import batching
   cfg = common.base_config()
   cfg.rollout.samples_per_task = 3
   cfg.trainer.buckets, cfg.trainer.rows_per_batch, cfg.trainer.micro_batches = (32,), 2, 1

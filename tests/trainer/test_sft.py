@@ -91,7 +91,7 @@ def _chat_demo(system, user, reply):
 
 
 def test_without_shared_prefix_cuts_the_system_prompt_back_to_a_message_start():
-  from legorl_jax.rollout import batching
+  from legorl_jax.trainer import batching
   system = list(range(50, 80))
   # The user messages share their first tokens too: the cut goes back to the message start.
   demos = [_chat_demo(system, [7, 8, 9 + k], [20 + k, 30]) for k in range(3)]
@@ -118,7 +118,7 @@ def test_short_context_steps_come_first_in_short_rows_with_more_rows():
 
 
 def test_share_prompt_steps_are_rows_of_one_system_prompt_and_several_demos():
-  from legorl_jax.rollout import batching
+  from legorl_jax.trainer import batching
   system = list(range(50, 80))
   demos = [_chat_demo(system, [7, 8 + k], [20 + k, 30]) for k in range(6)]  # 37 tokens each
   learner = RecordingLearner()

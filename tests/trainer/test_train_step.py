@@ -179,7 +179,7 @@ def test_bad_micro_batch_count_is_named(setup):
 
 def _group_sequences(seed=0):
   """Two GRPO groups (4 and 3 samples of one prompt each) and a loner, as TrainSequences."""
-  from legorl_jax.rollout.batching import TrainSequence
+  from legorl_jax.trainer.batching import TrainSequence
   rng = np.random.default_rng(seed)
   seqs = []
   for g, (plen, n) in enumerate([(11, 4), (7, 3), (9, 1)]):
@@ -197,7 +197,7 @@ def _group_sequences(seed=0):
 def test_grouped_batch_gives_same_update_as_plain_rows(setup, loss, aggregation):
   """The shared-prompt layout is a compute saving only: same loss, metrics and parameters as
   one plain row per sequence."""
-  from legorl_jax.rollout import batching
+  from legorl_jax.trainer import batching
   model_def, params = setup
   seqs = _group_sequences()
   grouped, rest, stats = batching.make_grouped_batches(seqs, prefix_len=12, branch_len=10,
@@ -224,7 +224,7 @@ def test_learner_takes_grouped_and_plain_batches_in_one_update(setup):
   """``Learner.update`` reads each batch's layout: a grouped batch plus a plain batch of the
   leftovers give the same parameters as plain rows for all sequences, split the same way."""
   from legorl_jax.models import create_model
-  from legorl_jax.rollout import batching
+  from legorl_jax.trainer import batching
   from legorl_jax.trainer.learner import Learner
   seqs = _group_sequences(seed=1)
   cfg = make_cfg(loss="grpo")

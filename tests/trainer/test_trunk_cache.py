@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from legorl_jax.models import create_model
-from legorl_jax.rollout import batching
+from legorl_jax.trainer import batching
 from legorl_jax.trainer import sft, trunk_cache
 from legorl_jax.trainer.learner import Learner
 from tests.trainer.test_train_step import CFG

@@ -5,7 +5,7 @@ code, so an example can only be wrong if the code is. Examples are chosen so tha
 single-site bugs change at least one of them.
 """
 
-from legorl_jax.tasks.synthetic.template import Module, Template
+from legorl_jax.taskgen.synthetic.template import Module, Template
 
 INVENTORY = Template(
     name="inventory", package="inventory",

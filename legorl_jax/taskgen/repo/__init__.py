@@ -14,6 +14,6 @@ no others, and writes each as a task whose hidden tests are the project's own. M
   builder.py      baseline -> mutations -> tasks -> validation -> JSONL
 """
 
-from legorl_jax.tasks.repo_tasks.builder import BuildConfig, BuildReport, build_tasks
+from legorl_jax.taskgen.repo.builder import BuildConfig, BuildReport, build_tasks
 
 __all__ = ["BuildConfig", "BuildReport", "build_tasks"]

@@ -17,12 +17,12 @@ import keyword
 import random
 import tokenize
 
-from legorl_jax.tasks.synthetic.template import Module, Template
+from legorl_jax.taskgen.synthetic.template import Module, Template
 
 # Names variants draw from: plain words a Python programmer would use, each one token of the
 # bundled tokenizer where it appears (a variable after a space, a package word alone and after
 # "_", a module after "/"), so a path or a quoted line is copied token by token from the
-# prompt rather than in word fragments (tests/tasks/test_synthetic_rename.py checks this).
+# prompt rather than in word fragments (tests/taskgen/test_synthetic_rename.py checks this).
 WORDS = (
     "active", "actual", "amount", "average", "base", "batch", "block", "bottom", "bound",
     "bucket", "chunk", "col", "cost", "count", "current", "data", "delta", "depth", "diff",

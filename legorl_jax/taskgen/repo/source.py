@@ -188,7 +188,7 @@ def _name_version(root: str, origin: str) -> tuple[str, str]:
     v = re.search(r"^Version:\s*(\S+)", text, re.M)
     if n and v:
       return n.group(1), v.group(1)
-  from legorl_jax.tasks.repo_tasks import env_spec
+  from legorl_jax.taskgen.repo import env_spec
   meta = env_spec.read_pyproject(root).get("project", {})
   if isinstance(meta.get("name"), str):
     return meta["name"], str(meta.get("version") or "0")

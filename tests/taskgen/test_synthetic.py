@@ -13,8 +13,8 @@ import tarfile
 
 import pytest
 
-from legorl_jax.tasks.synthetic import generate_task_pool, generate_tasks, split_of
-from legorl_jax.tasks.synthetic.generator import TEMPLATES
+from legorl_jax.taskgen.synthetic import generate_task_pool, generate_tasks, split_of
+from legorl_jax.taskgen.synthetic.generator import TEMPLATES
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,8 @@ import tempfile
 
 from legorl_jax.errors import SandboxError, TaskError
 from legorl_jax.sandbox import images
-from legorl_jax.tasks.repo_tasks.env_spec import EnvSpec
-from legorl_jax.tasks.repo_tasks.source import Project
+from legorl_jax.taskgen.repo.env_spec import EnvSpec
+from legorl_jax.taskgen.repo.source import Project
 from legorl_jax.tasks.schema import DEFAULT_WORKDIR
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The functions of a project and the procedural mutations of each.
 
-The line mutators of the synthetic tasks (``tasks/synthetic/mutations.py``: operator and
+The line mutators of the synthetic tasks (``taskgen/synthetic/mutations.py``: operator and
 comparison flips, off-by-one and wrong constants, swapped arguments, a dropped guard, a wrong
 return) are applied to every function and method of the project's non-test sources; three
 more families suit real code: ``removed_statement`` (one simple statement dropped),
@@ -16,8 +16,8 @@ import ast
 import dataclasses
 import os
 
-from legorl_jax.tasks.repo_tasks.env_spec import is_test_file
-from legorl_jax.tasks.synthetic.mutations import Mutation, mutations_in_lines
+from legorl_jax.taskgen.repo.env_spec import is_test_file
+from legorl_jax.taskgen.synthetic.mutations import Mutation, mutations_in_lines
 
 EXTRA_FAMILIES = ("removed_statement", "inverted_return", "removed_condition")
 _SKIP_DIRS = {"docs", "doc", "examples", "example", "benchmarks", "benchmark", "scripts", "tools"}

@@ -36,9 +36,9 @@ from legorl_jax.rewards import results, status as st, verifier
 from legorl_jax.sandbox import SandboxConfig, create_sandbox
 from legorl_jax.sandbox.diff import compute_diff
 from legorl_jax.tasks import jsonl, repo as repo_lib
-from legorl_jax.tasks.repo_tasks import env_spec as env_lib, instruction as instr_lib, mutate, source, suite
+from legorl_jax.taskgen.repo import env_spec as env_lib, instruction as instr_lib, mutate, source, suite
 from legorl_jax.tasks.schema import Limits, RepoSource, Task, TaskMetadata, VerifierSpec
-from legorl_jax.tasks.synthetic.generator import split_of
+from legorl_jax.taskgen.synthetic.generator import split_of
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def build_tasks(path: str, out_path: str, config: BuildConfig = BuildConfig(), *
     image = None
     if config.sandbox.backend == "docker":
       from legorl_jax.sandbox.docker_sandbox import docker_client
-      from legorl_jax.tasks.repo_tasks import repo_image
+      from legorl_jax.taskgen.repo import repo_image
       t0 = time.perf_counter()
       image = repo_image.ensure_repo_image(docker_client(), project, spec, cache_dir=config.image_cache_dir,
                                            timeout_s=config.build_timeout_s)

@@ -1,4 +1,4 @@
-"""Tasks built from a real project's own test suite (``legorl_jax.tasks.repo_tasks``).
+"""Tasks built from a real project's own test suite (``legorl_jax.taskgen.repo``).
 
 The fixture project (``repo_fixture``) is built once on the local bubblewrap backend with
 the test interpreter mounted read-only (its pytest is the "dependencies installed on the
@@ -20,8 +20,8 @@ import pytest
 from legorl_jax.errors import TaskError
 from legorl_jax.sandbox import SandboxConfig
 from legorl_jax.tasks.jsonl import load_tasks_jsonl
-from legorl_jax.tasks.repo_tasks import BuildConfig, build_tasks, env_spec, instruction, mutate
-from tests.tasks import repo_fixture
+from legorl_jax.taskgen.repo import BuildConfig, build_tasks, env_spec, instruction, mutate
+from tests.taskgen import repo_fixture
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="needs bubblewrap")
 
@@ -264,7 +264,7 @@ def test_docker_build_error_names_the_problem(tmp_path, monkeypatch):
 
 
 def test_sources_git_checkout_and_sdist_give_the_same_clean_tree(tmp_path):
-  from legorl_jax.tasks.repo_tasks import source
+  from legorl_jax.taskgen.repo import source
   import zipfile
   repo = repo_fixture.write(str(tmp_path / "git"))
   with open(os.path.join(repo, ".gitignore"), "w") as f:

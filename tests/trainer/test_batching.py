@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from legorl_jax import errors
-from legorl_jax.rollout import batching
+from legorl_jax.trainer import batching
 
 
 def _seq(n, start, adv, sampled_from):

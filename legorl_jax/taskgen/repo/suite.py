@@ -12,7 +12,7 @@ import shlex
 from legorl_jax.errors import SandboxError, VerifierError
 from legorl_jax.rewards import results
 from legorl_jax.sandbox.base import Sandbox
-from legorl_jax.tasks.repo_tasks.env_spec import EnvSpec
+from legorl_jax.taskgen.repo.env_spec import EnvSpec
 
 SUITE_DIR = ".legorl_suite"
 JUNIT = f"{SUITE_DIR}/junit.xml"

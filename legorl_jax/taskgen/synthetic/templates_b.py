@@ -1,6 +1,6 @@
 """Repository templates (part B); see templates_a for the conventions."""
 
-from legorl_jax.tasks.synthetic.template import Module, Template
+from legorl_jax.taskgen.synthetic.template import Module, Template
 
 DATES = Template(
     name="dates", package="datehelpers",

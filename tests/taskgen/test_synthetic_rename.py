@@ -10,9 +10,9 @@ import io
 import subprocess
 import tarfile
 
-from legorl_jax.tasks.synthetic import generate_task_pool
-from legorl_jax.tasks.synthetic.rename import rename_function
-from tests.tasks.test_synthetic import _pytest, _unpack
+from legorl_jax.taskgen.synthetic import generate_task_pool
+from legorl_jax.taskgen.synthetic.rename import rename_function
+from tests.taskgen.test_synthetic import _pytest, _unpack
 
 SOURCE = '''def helper(x):
     return x
@@ -86,7 +86,7 @@ def test_names_are_single_tokens_of_the_bundled_tokenizer():
   """A renamed path or line must be copyable token by token: each name a variant can draw is
   one token of the bundled tokenizer in the context it appears in."""
   from legorl_jax.models.tokenizer import bundled_tokenizer_dir, load_tokenizer
-  from legorl_jax.tasks.synthetic import rename
+  from legorl_jax.taskgen.synthetic import rename
   tok = load_tokenizer(bundled_tokenizer_dir())
   pieces = lambda s: [tok.decode([i]) for i in tok.encode(s)]  # noqa: E731
   for w in rename.PACKAGES:

@@ -26,11 +26,11 @@ from legorl_jax.errors import TaskError
 from legorl_jax.sandbox.diff import compute_diff
 from legorl_jax.tasks.repo import files_to_archive
 from legorl_jax.tasks.schema import Limits, RepoSource, Task, TaskMetadata, VerifierSpec
-from legorl_jax.tasks.synthetic import rename
-from legorl_jax.tasks.synthetic.mutations import FAMILIES, Mutation, candidate_mutations
-from legorl_jax.tasks.synthetic.template import Module, Template
-from legorl_jax.tasks.synthetic.templates_a import TEMPLATES_A
-from legorl_jax.tasks.synthetic.templates_b import TEMPLATES_B
+from legorl_jax.taskgen.synthetic import rename
+from legorl_jax.taskgen.synthetic.mutations import FAMILIES, Mutation, candidate_mutations
+from legorl_jax.taskgen.synthetic.template import Module, Template
+from legorl_jax.taskgen.synthetic.templates_a import TEMPLATES_A
+from legorl_jax.taskgen.synthetic.templates_b import TEMPLATES_B
 
 TEMPLATES: tuple[Template, ...] = TEMPLATES_A + TEMPLATES_B
 DIFFICULTIES = ("hinted", "easy", "medium", "hard")
