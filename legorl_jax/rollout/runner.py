@@ -38,12 +38,16 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class TrialJob:
   """One trial to run: ``group`` ties repeated samples of a task together (GRPO groups);
-  ``seed`` (optional) seeds its proxy session's sampling."""
+  ``seed`` (optional) seeds its proxy session's sampling. ``proxy`` and ``out_dir`` (optional)
+  replace ``run_trials``'s for this job: one pool can run trials of several proxies (sampled
+  and greedy evaluation) into several directories."""
 
   task: Task
   adapter: HarnessAdapter
   group: int = -1
   seed: int | None = None
+  proxy: Any = None
+  out_dir: str | None = None
 
 
 def summarize(results: Sequence[TrialResult]) -> dict[str, Any]:
@@ -99,7 +103,8 @@ def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: st
 
   def attempt_once(job: TrialJob, attempt: int) -> TrialResult:
     try:
-      return run_trial(job.task, job.adapter, proxy, config, out_dir, group=job.group,
+      return run_trial(job.task, job.adapter, proxy if job.proxy is None else job.proxy, config,
+                       job.out_dir or out_dir, group=job.group,
                        attempt=attempt,
                        seed=None if job.seed is None else derive_seed(job.seed, attempt))
     except Exception as e:  # noqa: BLE001 -- run_trial should not raise; if it does, count it

@@ -30,6 +30,7 @@ from legorl_jax.metrics.writer import MetricsWriter
 from legorl_jax.models import create_model, from_pretrained, get_preset, save_pretrained
 from legorl_jax.models import tokenizer as tok_lib
 from legorl_jax.proxy.service import derive_seed
+from legorl_jax.rollout.runner import TrialJob, run_trials
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sandbox import SandboxConfig
 from legorl_jax.sharding import distributed
@@ -153,33 +154,44 @@ def evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir, *, trials_path=No
              phase="eval") -> dict:
   """Validation solve rate at the sampling temperature (``eval.samples`` per task, pass@k)
   and, optionally, greedy. Trials are also appended to ``trials_path`` when given."""
-  n = int(cfg.eval.samples)
-  proxy = service.proxy("sample", float(cfg.sampling.temperature))
-  res = _eval_trials(tasks, adapter, n, proxy, trial_cfg, cfg, os.path.join(out_dir, "sampled"))
-  if trials_path:
-    rl_loop.append_trials(trials_path, res, step=step, phase=phase, temperature=cfg.sampling.temperature)
-  stats = rl_loop.solve_stats(res, k_values=sorted({1, n}))
-  out = {"solve_rate": stats["solve_rate"], f"pass@{n}": stats.get(f"pass@{n}", stats["solve_rate"]),
-         "n_trials": stats["n_trials"]}
-  if cfg.eval.greedy:
-    proxy = service.proxy("greedy", 0.0)
-    res = _eval_trials(tasks, adapter, 1, proxy, trial_cfg, cfg, os.path.join(out_dir, "greedy"))
-    if trials_path:
-      rl_loop.append_trials(trials_path, res, step=step, phase=phase, temperature=0.0)
-    out["greedy_solve_rate"] = rl_loop.solve_stats(res)["solve_rate"]
-  return out
+  return evaluate_held_out(service, tasks, {}, adapter, trial_cfg, cfg, out_dir,
+                           trials_path=trials_path, step=step, phase=phase)
 
 
 def evaluate_held_out(service, tasks, extra_sets, adapter, trial_cfg, cfg, out_dir, *,
                       trials_path=None, step=0, phase="eval") -> dict:
-  """``evaluate`` on the main held-out tasks, then on each extra set (``extra_held_out_sets``),
-  whose results join the main ones under ``MODE/KEY`` (e.g. ``templates/solve_rate``)."""
-  out = evaluate(service, tasks, adapter, trial_cfg, cfg, out_dir, trials_path=trials_path,
-                 step=step, phase=phase)
-  for mode, extra in extra_sets.items():
-    res = evaluate(service, extra, adapter, trial_cfg, cfg, f"{out_dir}_{mode}",
-                   trials_path=trials_path, step=step, phase=f"{phase}_{mode}")
-    out.update({f"{mode}/{k}": v for k, v in res.items()})
+  """``evaluate`` on the main held-out tasks and on each extra set (``extra_held_out_sets``),
+  whose results join the main ones under ``MODE/KEY`` (e.g. ``templates/solve_rate``).
+
+  Every trial of the evaluation (each set, sampled and greedy) runs in one ``run_trials``
+  pool on the one engine, so no set's or mode's tail waits with a partly empty batch and the
+  prefix cache serves them all. Each trial's seed is what it was with one pool per set and
+  mode (``_eval_seed``), so the figures are the same; ``trials_path`` gets them in the same
+  order (set by set, sampled then greedy). Trial directories: ``OUT_DIR[_MODE]/{sampled,greedy}``
+  as before; the pool's ``trials.jsonl`` and ``summary.json`` are in ``OUT_DIR``."""
+  n = int(cfg.eval.samples)
+  sets = [("", tasks, out_dir, phase)] + [(mode, extra, f"{out_dir}_{mode}", f"{phase}_{mode}")
+                                           for mode, extra in extra_sets.items()]
+  parts = []  # (set index, samples, proxy name, temperature, directory)
+  for i, (_, _, d, _) in enumerate(sets):
+    parts.append((i, n, "sample", float(cfg.sampling.temperature), os.path.join(d, "sampled")))
+    if cfg.eval.greedy:
+      parts.append((i, 1, "greedy", 0.0, os.path.join(d, "greedy")))
+  results = _eval_pool([(sets[i][1], adapter, k, service.proxy(name, temp), d)
+                        for i, k, name, temp, d in parts], trial_cfg, cfg, out_dir)
+  out: dict = {}
+  for (i, k, name, temp, _), res in zip(parts, results):
+    mode, _, _, set_phase = sets[i]
+    if trials_path:
+      rl_loop.append_trials(trials_path, res, step=step, phase=set_phase, temperature=temp)
+    prefix = f"{mode}/" if mode else ""
+    if name == "greedy":
+      out[f"{prefix}greedy_solve_rate"] = rl_loop.solve_stats(res)["solve_rate"]
+    else:
+      stats = rl_loop.solve_stats(res, k_values=sorted({1, k}))
+      out.update({f"{prefix}solve_rate": stats["solve_rate"],
+                  f"{prefix}pass@{k}": stats.get(f"pass@{k}", stats["solve_rate"]),
+                  f"{prefix}n_trials": stats["n_trials"]})
   return out
 
 
@@ -189,17 +201,29 @@ def policy_name(cfg) -> str:
   return (cfg.model.get("pretrained", "") or cfg.model.checkpoint or f"preset:{cfg.model.preset}")
 
 
-def _eval_trials(tasks, adapter, n, proxy, trial_cfg, cfg, out_dir):
-  """``n`` trials per task, this host's share of the tasks; every host's results returned.
+def _eval_seed(cfg, task, sample: int) -> int:
+  """Sample ``sample`` of ``task`` samples with the same seed at every evaluation of the run,
+  so the before/after-RL comparison is paired (common random numbers) and a rerun reproduces
+  it."""
+  return derive_seed("eval", int(cfg.seed), task.id, sample)
 
-  Sample ``s`` of a task samples with the same seeds at every evaluation of the run, so the
-  before/after-RL comparison is paired (common random numbers) and a rerun reproduces it."""
-  seed = int(cfg.seed)
-  local = multihost.run_shared_trials(tasks, [adapter] * len(tasks), n, proxy, trial_cfg, out_dir,
-                                      concurrency=int(cfg.rollout.concurrency),
-                                      max_retries=int(cfg.rollout.max_retries),
-                                      seed_of=lambda g, s: derive_seed("eval", seed, tasks[g].id, s))
-  return multihost.gather_results(local)
+
+def _eval_pool(parts, trial_cfg, cfg, out_dir) -> list[list]:
+  """One ``run_trials`` pool for ``parts``, each ``(tasks, adapter, samples, proxy,
+  directory)``: ``samples`` trials of each task in this host's share, through ``proxy``, into
+  ``directory`` (group ids: the tasks' positions in their part). Returns every host's results
+  of each part, in job order."""
+  jobs, owner = [], []
+  for i, (tasks, adapter, n, proxy, part_dir) in enumerate(parts):
+    for g in distributed.host_share(len(tasks)):
+      for s in range(n):
+        jobs.append(TrialJob(tasks[g], adapter, group=g, seed=_eval_seed(cfg, tasks[g], s),
+                             proxy=proxy, out_dir=part_dir))
+        owner.append(i)
+  res = run_trials(jobs, None, trial_cfg, out_dir, concurrency=int(cfg.rollout.concurrency),
+                   max_retries=int(cfg.rollout.max_retries))
+  return [multihost.gather_results([r for r, o in zip(res, owner) if o == i])
+          for i in range(len(parts))]
 
 
 def _sampler_model(learner):
