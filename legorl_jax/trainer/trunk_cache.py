@@ -113,6 +113,10 @@ class TrunkCache:
     self._entries[key] = (k, tail.copy())
     self.bytes += tail.nbytes
 
+  def _fits(self, full: np.ndarray) -> bool:
+    tail = len(full) - _common(self._ref_ids, full)
+    return self.bytes + tail * self._ref_states.shape[1] * 4 <= self.budget_bytes
+
   def _states(self, full: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
     entry = self._entries.get(full.tobytes())
     if entry is None:
@@ -133,6 +137,10 @@ class TrunkCache:
               for parts in _row_parts(arrays["input_ids"][r], arrays["positions"][r],
                                       arrays["segment_ids"][r], layout)
               if parts and parts[0][0].tobytes() not in self._entries]
+      if self._ref_ids is not None:  # sequences that cannot fit: not computed at all
+        fits = [self._fits(parts[0][0]) for _, parts in need]
+        self.over_budget += fits.count(False)
+        need = [x for x, ok in zip(need, fits) if ok]
       if not need:
         continue
       states = self._fn(batch)
