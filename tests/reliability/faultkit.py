@@ -508,14 +508,14 @@ def engine_raises(env: FaultEnv, engine, proxy, backend="local") -> Outcome:
   """The sampling engine's decode step raises during a request (a real ``Engine`` behind the
   proxy): that request fails with a 5xx, the harness retries, the trial ends with a policy
   outcome and the engine keeps serving."""
-  original = engine._decode  # noqa: SLF001 -- the fault is injected into the engine itself
+  original = engine._device.decode_step  # noqa: SLF001 -- the fault is injected into the engine itself
   failed0 = engine.stats().get("failed", 0)
 
   def failing(*args, **kwargs):
-    engine._decode = original  # noqa: SLF001
+    engine._device.decode_step = original  # noqa: SLF001
     raise RuntimeError("injected decode failure")
 
-  engine._decode = failing  # noqa: SLF001
+  engine._device.decode_step = failing  # noqa: SLF001
 
   def check(o, results):
     r = results[0]
@@ -532,7 +532,7 @@ def engine_raises(env: FaultEnv, engine, proxy, backend="local") -> Outcome:
     return env.run("engine_raises", BuiltinAdapter(max_tokens=32), backend, proxy=proxy,
                    timeout_s=180.0, max_turns=3, check=check)
   finally:
-    engine._decode = original  # noqa: SLF001
+    engine._device.decode_step = original  # noqa: SLF001
 
 
 # -- checkpoints and the trainer -------------------------------------------------------------

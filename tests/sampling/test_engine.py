@@ -256,7 +256,7 @@ def test_sharded_model_matches_single_device(model):
   greedy = SamplingParams(temperature=0.0, max_tokens=20)
   prompts = [_prompt(n, seed=n) for n in (5, 40, 70)]
   with Engine(sharded, **ENGINE_KW) as eng:
-    assert eng._cache.k[0].sharding.mesh == mesh
+    assert eng._device.cache.k[0].sharding.mesh == mesh
     got = [eng.generate(p, greedy) for p in prompts]
     compiled = dict(COMPILATIONS)
     again = [eng.generate(p, greedy) for p in prompts]
@@ -377,14 +377,14 @@ def test_a_request_submitted_after_the_join_window_waits_for_the_next_chunk(mode
   params = SamplingParams(max_tokens=ENGINE_KW["decode_chunk"])
   with Engine(model, seed=1, join_window_s=0.05, **ENGINE_KW) as eng:
     started = threading.Event()
-    original = eng._run_prefill  # noqa: SLF001 -- a slow prefill, as a long prompt on CPU
+    original = eng._scheduler._run_prefill  # noqa: SLF001 -- a slow prefill, as a long prompt on CPU
 
     def slow_prefill():
       started.set()
       threading.Event().wait(0.6)
       original()
 
-    eng._run_prefill = slow_prefill  # noqa: SLF001
+    eng._scheduler._run_prefill = slow_prefill  # noqa: SLF001
     first = eng.submit(_prompt(7, seed=110), params)
     assert started.wait(300)
     threading.Event().wait(0.2)  # past the window, while the first prompt is still prefilling

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from legorl_jax.models import create_model
-from legorl_jax.sampling import Engine, SamplingParams
+from legorl_jax.sampling import Engine, SamplingParams, prefix_cache
 from legorl_jax.sampling.steps import COMPILATIONS
 from tests.sampling import reference
 from tests.sampling.test_engine import _prompt, _teacher_logits
@@ -86,7 +86,7 @@ def test_any_interleaving_is_bit_exact_vs_cache_off(model, plain):
     reqs.append((_prompt(3 + 9 * i, seed=300 + i), SamplingParams(temperature=0.0,
                                                                     max_tokens=6), None))
   want = [plain.generate(p, sp) for p, sp, _ in reqs]
-  store_gb = 2.5 * Engine(model, **KW)._store_row_bytes / (1 << 30)  # noqa: SLF001 -- 2 rows
+  store_gb = 2.5 * prefix_cache.row_bytes(model.config, MAX_LEN, None) / (1 << 30)  # 2 rows
   with Engine(model, seed=1, prefix_cache_gb=store_gb, **KW) as eng:
     assert eng.stats()["prefix_store_rows"] == 2
     for order_seed in (0, 1):

@@ -1,0 +1,132 @@
+"""What the sampling engine keeps on the device, and every call it makes there.
+
+The parameters, the KV cache (live rows, then the prefix store's rows) and the reused window
+buffers live here, with the jitted steps of ``sampling.steps`` that read and write them. The
+scheduler decides *what* to prefill, decode, copy or swap; this module only runs it, so a step
+can be swapped in one place (the fault tests replace ``decode_step``) and the cache rebuilt when
+a failed call consumed it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from legorl_jax.models import params as model_params
+from legorl_jax.models.decoder import Decoder
+from legorl_jax.sampling import steps
+from legorl_jax.sampling.cache import Cache
+from legorl_jax.sharding import rules as sharding_rules
+
+
+class Device:
+  """Parameters (with their version), the KV cache of ``num_rows`` rows, and the step calls.
+
+  Args:
+    model: the ``Decoder`` whose parameter buffers are used as they are.
+    num_rows: cache rows (the engine's ``max_batch`` plus the prefix store's rows).
+    max_len: cache slots per row.
+    cache_dtype: K/V dtype (None: the model's compute dtype).
+  """
+
+  def __init__(self, model: Decoder, num_rows: int, max_len: int, cache_dtype=None):
+    self.config, self.num_rows, self.max_len = model.config, num_rows, max_len
+    self.graphdef, self.state = nnx.split(model)
+    self.model_def, _ = model_params.split_model(model)
+    self.version = 0
+    self._cache_dtype = cache_dtype
+    self.cache = self.new_cache()
+    self.prefill_step, self.decode_step = steps.PREFILL, steps.DECODE
+    self.swap_step, self.copy_step = steps.SWAP_ROWS, steps.COPY_PREFIX
+    # On one CPU device, each step's window is built in the previous call's window buffer of the
+    # same kind (see ``sampling.steps``): one for decode, one per prefill row bucket, each no
+    # larger than its window.
+    sharding = self.cache.k[0].sharding
+    self._keep_windows = (len(sharding.device_set) == 1
+                          and next(iter(sharding.device_set)).platform == "cpu")
+    self._window_buffers: dict[str, object] = {}
+
+  # -- the cache --------------------------------------------------------------------------------
+  def new_cache(self) -> Cache:
+    """Zero cache; on the parameters' mesh (if any) with K/V heads split like the weights."""
+    make = functools.partial(Cache.zeros, self.config, self.num_rows, self.max_len,
+                             self._cache_dtype)
+    sharding = jax.tree.leaves(self.state)[0].sharding
+    if not isinstance(sharding, NamedSharding):
+      return make()
+    c = self.config
+
+    def spec(logical, shape):
+      return NamedSharding(sharding.mesh,
+                           sharding_rules.logical_to_spec(logical, shape, sharding.mesh))
+
+    b, h, s, d = self.num_rows, c.num_kv_heads, self.max_len, c.head_dim
+    k = spec((None, "kv_heads", "head_dim", None), (b, h, d, s))
+    v = spec((None, "kv_heads", None, "head_dim"), (b, h, s, d))
+    n = c.num_layers
+    return jax.jit(make, out_shardings=Cache(k=(k,) * n, v=(v,) * n))()
+
+  def lost(self) -> bool:
+    """True when a failed call consumed (donated) the cache's buffers."""
+    return any(x.is_deleted() for x in self.cache.k + self.cache.v)
+
+  def reset(self):
+    """After a failed step: drop the window buffers and rebuild the cache if it was lost."""
+    self._window_buffers.clear()
+    if self.lost():
+      self.cache = self.new_cache()
+
+  def block_until_ready(self):
+    jax.block_until_ready(self.cache)
+
+  # -- the calls --------------------------------------------------------------------------------
+  def _window_buffer(self, kind: str, shapes):
+    """The kept window buffer of ``kind`` if it has these shapes, else a new one; None when
+    buffers are not kept. The buffer is taken out: a failed call may have consumed it."""
+    if not self._keep_windows:
+      return None
+    buf = self._window_buffers.pop(kind, None)
+    if buf is None or jax.tree.map(lambda b: b.shape, buf) != jax.tree.map(lambda x: x.shape,
+                                                                          shapes):
+      buf = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+      # A kept buffer is a step's output, committed to its device when the cache or parameters
+      # are; a new one must match, or the step would trace again for the other kind of input.
+      if any(x.committed for x in (self.cache.k[0], *jax.tree.leaves(self.state))):
+        buf = jax.device_put(buf, self.cache.k[0].sharding)
+    return buf
+
+  def prefill(self, slots, ids, pos, attn: int):
+    """Prefills ``ids`` at positions ``pos`` (-1: padding) into cache rows ``slots``."""
+    # One buffer per prefill row bucket: a burst of arrivals alternates 1-row and 4-row groups.
+    kind = f"prefill/{len(slots)}"
+    buf = self._window_buffer(kind, steps.window_shapes(self.cache, len(slots), attn))
+    out = self.prefill_step(self.graphdef, self.state, self.cache, slots, ids, pos,
+                            attn_len=attn, window_buffer=buf)
+    if buf is None:
+      self.cache = out
+    else:
+      self.cache, self._window_buffers[kind] = out
+
+  def decode(self, rows, num_rows: int, attn: int, num_steps: int):
+    """Runs one decode chunk on rows ``[0, num_rows)``; returns (rows, out_ids, out_logp)."""
+    buf = None
+    if num_rows < self.num_rows or attn < self.max_len:  # else the window is the whole cache
+      buf = self._window_buffer("decode", steps.decode_window_shapes(self.cache, num_rows, attn))
+    out = self.decode_step(self.graphdef, self.state, self.cache, rows, num_rows=num_rows,
+                           attn_len=attn, num_steps=num_steps, window_buffer=buf)
+    self.cache = out[0]
+    if buf is not None:
+      self._window_buffers["decode"] = out[4]
+    return out[1:4]
+
+  def copy_prefix(self, src: int, dst: int, attn: int):
+    """K/V positions ``[0, attn)`` of row ``src`` -> row ``dst``."""
+    self.cache = self.copy_step(self.cache, np.int32(src), np.int32(dst), attn_len=attn)
+
+  def swap_rows(self, a: int, b: int):
+    self.cache = self.swap_step(self.cache, np.int32(a), np.int32(b))
