@@ -67,27 +67,12 @@ import sys
 import tempfile
 import time
 
+from experiments.benchmarks.learner_tunix.peak import matmul_peak
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 TUNIX_SPEC = "google-tunix==0.1.7"
 DEFAULT_VENV = os.path.expanduser("~/.cache/legorl_jax/bench/tunix-venv")
-
-
-def matmul_peak(n: int, repeats: int) -> float:
-  """FLOP/s of a jitted float32 [n, n] @ [n, n] (median of ``repeats`` after a warm-up)."""
-  import jax
-  import jax.numpy as jnp
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-  f = jax.jit(jnp.dot)
-  jax.block_until_ready(f(a, b))
-  ts, cs = [], []
-  for _ in range(repeats):
-    c0, t0 = time.process_time(), time.perf_counter()
-    jax.block_until_ready(f(a, b))
-    ts.append(time.perf_counter() - t0)
-    cs.append(time.process_time() - c0)
-  return 2.0 * n ** 3 / statistics.median(ts), 2.0 * n ** 3 / statistics.median(cs)
 
 
 def step_flops(shape: dict, batch: int, seq_len: int) -> float:

@@ -29,12 +29,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import Mesh
 
 from legorl_jax import errors
-from legorl_jax.models import gguf_quants, gguf_tokenizer, hf_io
-from legorl_jax.models.build import abstract_model
+from legorl_jax.models import gguf_quants, gguf_tokenizer, hf_io, loading
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.decoder import Decoder
 from legorl_jax.models.gguf_file import GGUFFile, open_gguf, special_token_ids
@@ -195,25 +193,19 @@ def from_gguf(path: str | os.PathLike | GGUFFile, dtype=jnp.float32, mesh: Mesh 
     A Decoder; ``model(input_ids int32 [B, T])`` -> float32 logits ``[B, T, V]``.
   """
   file = open_gguf(path)
-  param_dtype = jnp.dtype(dtype).name
-  config = config_from_gguf(file, param_dtype=param_dtype,
-                            dtype=jnp.dtype(compute_dtype or dtype).name, **config_overrides)
+  config = config_from_gguf(file, **loading.dtype_overrides(dtype, compute_dtype),
+                            **config_overrides)
   tensors = hf_names(file)
-  graphdef, abstract = nnx.split(abstract_model(config))
-  flat = list(nnx.to_flat_state(abstract))
-  shardings = {}
-  if mesh is not None:
-    shardings = {p: v.get_value() for p, v in
-                 nnx.to_flat_state(sharding_rules.state_shardings(abstract, mesh, rules))}
-  wanted = {hf_io.hf_name(p)[0] for p, _ in flat}
+  slots = loading.ParamSlots(config, mesh, rules)
+  wanted = {hf_io.hf_name(p)[0] for p, _ in slots.flat}
   extra = sorted(n for n in tensors if n not in wanted)
   if extra:
     raise _unsupported_arch(file, f"tensors {[tensors[n].name for n in extra[:5]]} do not fit "
                                   f"a {config.architecture} decoder (qkv_bias={config.qkv_bias}, "
                                   f"qk_norm={config.qk_norm})")
-  np_dtype = np.dtype(jnp.dtype(param_dtype))
+  np_dtype = np.dtype(jnp.dtype(config.param_dtype))
   values = {}
-  for p, var in flat:
+  for p, var in slots.flat:
     name, transposed = hf_io.hf_name(p)
     if name not in tensors:
       raise errors.CheckpointError(
@@ -226,12 +218,8 @@ def from_gguf(path: str | os.PathLike | GGUFFile, dtype=jnp.float32, mesh: Mesh 
           f"{file.path.name}: tensor {tensors[name].name} has shape {w.shape}, but the "
           f"metadata implies {shape[::-1] if transposed else shape}.")
     w = np.ascontiguousarray((w.T if transposed else w).astype(np_dtype, copy=False))
-    sharding = shardings.get(p)
-    if sharding is None:
-      sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    values[p] = jax.make_array_from_callback(shape, sharding, lambda idx, w=w: w[idx])
-  state = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in flat])
-  return nnx.merge(graphdef, state)
+    values[p] = slots.place(p, shape, lambda idx, w=w: w[idx])
+  return slots.model(values)
 
 
 def _portable_tokenizer_config(file: Path):

@@ -26,8 +26,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from legorl_jax import errors
-from legorl_jax.models import hf_config
-from legorl_jax.models.build import abstract_model
+from legorl_jax.models import hf_config, loading
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.decoder import Decoder
 from legorl_jax.sharding import rules as sharding_rules
@@ -161,21 +160,13 @@ def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | Non
     A Decoder; ``model(input_ids int32 [B, T])`` -> float32 logits ``[B, T, V]``.
   """
   path = Path(path)
-  param_dtype = jnp.dtype(dtype).name
-  config = load_config(path, param_dtype=param_dtype,
-                       dtype=jnp.dtype(compute_dtype or dtype).name, **config_overrides)
+  config = load_config(path, **loading.dtype_overrides(dtype, compute_dtype), **config_overrides)
   files = weight_map(path)
   prefix = "model." if "model.embed_tokens.weight" in files else ""
-  graphdef, abstract = nnx.split(abstract_model(config))
-  flat = list(nnx.to_flat_state(abstract))
-  if mesh is not None:
-    shardings = nnx.to_flat_state(sharding_rules.state_shardings(abstract, mesh, rules))
-    shardings = {p: v.get_value() for p, v in shardings}
-  else:
-    shardings = {}
-  np_dtype = np.dtype(jnp.dtype(param_dtype))
+  slots = loading.ParamSlots(config, mesh, rules)
+  np_dtype = np.dtype(jnp.dtype(config.param_dtype))
   wanted = {}
-  for p, var in flat:
+  for p, var in slots.flat:
     name, transposed = hf_name(p, prefix)
     if name not in files:
       raise errors.CheckpointError(
@@ -202,13 +193,8 @@ def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | Non
         raise errors.CheckpointError(
             f"Tensor {name!r} in {files[name].name} has shape {hf_shape}, but config.json "
             f"implies {expected}; the weights do not match the config.")
-      sharding = shardings.get(p)
-      if sharding is None:
-        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-      values[p] = jax.make_array_from_callback(
-          shape, sharding, _reader(handle, name, transposed, np_dtype))
-  state = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in flat])
-  return nnx.merge(graphdef, state)
+      values[p] = slots.place(p, shape, _reader(handle, name, transposed, np_dtype))
+  return slots.model(values)
 
 
 # -- writing ------------------------------------------------------------------------------------

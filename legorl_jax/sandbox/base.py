@@ -154,6 +154,19 @@ def new_sandbox_id() -> str:
   return f"lg{uuid.uuid4().hex[:12]}"
 
 
+def pid_alive(pid: int) -> bool:
+  """Whether process ``pid`` exists on this host: the reapers of both backends remove what a
+  sandbox left behind only once the process that owned it is gone. A process of another user
+  (PermissionError) counts as alive."""
+  try:
+    os.kill(pid, 0)
+    return True
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+
+
 class Sandbox(abc.ABC):
   """One isolated copy of a task's repository. Use as a context manager, or call destroy()."""
 

@@ -56,7 +56,7 @@ def reap_docker(client, *, everything: bool = False) -> list[str]:
   for c in client.containers.list(all=True, filters={"label": base.LABEL}):
     owner = c.labels.get("legorl.owner", "")
     h, _, pid = owner.rpartition(":")
-    alive = h == host and pid.isdigit() and _pid_alive(int(pid))
+    alive = h == host and pid.isdigit() and base.pid_alive(int(pid))
     if everything or (h == host and not alive):
       try:
         c.remove(force=True, v=True)
@@ -64,16 +64,6 @@ def reap_docker(client, *, everything: bool = False) -> list[str]:
       except Exception as e:  # noqa: BLE001 - a container vanishing meanwhile is fine
         log.warning("could not reap container %s: %s", c.name, e)
   return removed
-
-
-def _pid_alive(pid):
-  try:
-    os.kill(pid, 0)
-    return True
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
 
 
 def _tar_of_dir(path: str, uid: int, gid: int) -> bytes:

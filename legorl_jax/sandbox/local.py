@@ -55,16 +55,6 @@ def bwrap_path() -> str | None:
   return shutil.which("bwrap")
 
 
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-    return True
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-
-
 def reap_local(base_dir: str | None = None, *, everything: bool = False) -> list[str]:
   """Removes sandbox dirs whose owning process is gone (or all with ``everything``)."""
   base_dir = base_dir or default_base_dir()
@@ -78,7 +68,7 @@ def reap_local(base_dir: str | None = None, *, everything: bool = False) -> list
         info = json.load(f)
     except (OSError, ValueError):
       continue
-    if everything or not _pid_alive(int(info.get("owner_pid", -1))):
+    if everything or not base.pid_alive(int(info.get("owner_pid", -1))):
       if os.geteuid() == 0 and info.get("uid") not in (None, 0):
         _kill_uid(int(info["uid"]))
       _rmtree(root)
