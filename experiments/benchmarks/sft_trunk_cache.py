@@ -11,7 +11,7 @@ it). The losses of the two sides are compared step by step (``max_abs_dnll``).
 
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sft_trunk_cache --steps=40
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sft_trunk_cache \
-      --demos=RUN/sft_demos/demos.jsonl --model=/path/to/hf_dir --steps=160
+      --demos=RUN/sft_demos/demos.jsonl --model=/path/to/hf_dir --steps=160 --cache_first
 
 Prints one JSON line: each side's SFT wall, median seconds per step (after the first two,
 which compile), the cache's size and fill time, and the ratios.
@@ -48,6 +48,8 @@ def main():
                  help="model.pretrained: a name, .gguf or HF directory (default: the demo's)")
   p.add_argument("--steps", type=int, default=160, help="SFT steps per side (the demo's 160)")
   p.add_argument("--cache_mb", type=float, default=2048.0, help="sft.trunk_cache_mb of the cached side")
+  p.add_argument("--cache_first", action="store_true",
+                 help="run the cached side first (on a busy host, run both orders)")
   args = p.parse_args()
 
   from experiments.configs import demo
@@ -67,7 +69,8 @@ def main():
   collect_s = time.perf_counter() - t0
   seqs = [s for d in demos for s in batching.sequences_from_trajectory(d, 1.0)]
   results, losses = {}, {}
-  for mode, mb in (("no_cache", 0.0), ("cache", args.cache_mb)):
+  sides = [("no_cache", 0.0), ("cache", args.cache_mb)]
+  for mode, mb in sides[::-1] if args.cache_first else sides:
     c = pipeline.sft_config(cfg)
     learner = Learner(model, c, seed=int(cfg.seed))
     walls, nll, last = [], [], {}
@@ -97,6 +100,7 @@ def main():
   print(json.dumps({
       "benchmark": "sft_trunk_cache", "model": cfg.model.pretrained, "trainable": cfg.trainer.trainable,
       "layout": list(cfg.sft.share_prompt), "steps": args.steps, "demos": len(demos),
+      "order": [m for m, _ in (sides[::-1] if args.cache_first else sides)],
       "sequences": len(seqs), "collect_s": round(collect_s, 1),
       "tokens_mean": round(sum(len(s.token_ids) for s in seqs) / len(seqs), 1),
       "no_cache": results["no_cache"], "cache": results["cache"],

@@ -120,7 +120,7 @@ def _trunk_cache(learner, seqs, cfg, shared, plain_phase, budget_mb) -> TrunkCac
     return None
   if not hasattr(learner, "trunk_states") or learner.trunk_layer <= 0:
     log.info("SFT trunk cache off: %s", "no frozen blocks below the trained ones"
-             if hasattr(learner, "trunk_states") else "the learner is sharded over hosts")
+             if hasattr(learner, "trunk_states") else "the learner is sharded over a mesh")
     return None
   distinct = list({tuple(s.token_ids): s for s in seqs}.values())
   if shared is not None:
