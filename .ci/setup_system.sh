@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs and starts the system pieces the sandbox tests need: bubblewrap (local sandbox),
-# debootstrap (rootfs for the Docker base image) and a Docker engine (dockerd, overlay2).
+# debootstrap (rootfs for the Docker base image), a Docker engine (dockerd, overlay2) and
+# pytest for the system python3 (the local sandbox's verifier of pytest-graded tasks).
 # Idempotent: safe to run again on a machine that already has everything.
 set -euo pipefail
 
@@ -12,6 +13,8 @@ command -v git >/dev/null 2>&1 || need+=(git)
 command -v tar >/dev/null 2>&1 || need+=(tar)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)          # OpenHands' terminal tool
 command -v chromium >/dev/null 2>&1 || need+=(chromium)  # dashboard render test
+# The local sandbox grades pytest tasks with the system python3 (the one its PATH finds).
+/usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || need+=(python3-pytest)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "setup_system: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

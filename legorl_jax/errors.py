@@ -14,6 +14,15 @@ class ConfigError(LegorlError, ValueError):
   """A config key or value is invalid; the message names the key."""
 
 
+class InvalidJSONError(LegorlError, ValueError):
+  """Text from outside (a request body, a task file, a model's tool-call arguments) is not
+  JSON we accept: malformed, nested too deep, or holding an over-large number. HTTP layers
+  answer it with a 400 (``status``/``code``)."""
+
+  status = 400
+  code = "invalid_json"
+
+
 class CheckpointError(LegorlError):
   """A checkpoint directory is missing, malformed or incompatible."""
 

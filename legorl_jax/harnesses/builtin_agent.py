@@ -114,7 +114,7 @@ def run_edit(path, old, new):
 def run_tool(name, arguments, bash_timeout):
   try:
     args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments or {})
-  except (ValueError, TypeError):
+  except (ValueError, TypeError, RecursionError):  # stdlib only here (runs in the sandbox)
     return f"error: arguments of {name} are not valid JSON"
   if not isinstance(args, dict):
     return f"error: arguments of {name} must be a JSON object"

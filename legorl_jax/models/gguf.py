@@ -37,6 +37,7 @@ from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.decoder import Decoder
 from legorl_jax.models.gguf_file import GGUFFile, open_gguf, special_token_ids
 from legorl_jax.sharding import rules as sharding_rules
+from legorl_jax.utils import safe_json
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # GGUF tensor name (per block: "blk.{i}." prefix) -> HF name (per layer: "model.layers.{i}.").
@@ -225,8 +226,8 @@ def from_gguf(path: str | os.PathLike | GGUFFile, dtype=jnp.float32, mesh: Mesh 
 def _portable_tokenizer_config(file: Path):
   """Names the generic fast-tokenizer class, which transformers 4.x and 5.x both load (5.x
   writes its own class name, ``TokenizersBackend``, unknown to 4.x)."""
-  with open(file) as f:
-    cfg = json.load(f)
+  with open(file, "rb") as f:
+    cfg = safe_json.load(f, what=str(file))
   cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
   with open(file, "w") as f:
     json.dump(cfg, f, indent=2, sort_keys=True)

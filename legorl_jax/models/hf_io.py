@@ -30,6 +30,7 @@ from legorl_jax.models import hf_config, loading
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.decoder import Decoder
 from legorl_jax.sharding import rules as sharding_rules
+from legorl_jax.utils import safe_json
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -76,10 +77,10 @@ def hf_name(path: tuple, prefix: str = "model.") -> tuple[str, bool]:
 # -- reading ------------------------------------------------------------------------------------
 def _read_json(file: Path, what: str) -> dict:
   try:
-    with open(file) as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise errors.CheckpointError(f"{file} is not valid JSON ({e}); {what}.") from e
+    with open(file, "rb") as f:
+      return safe_json.load(f, what=str(file))
+  except errors.InvalidJSONError as e:
+    raise errors.CheckpointError(f"{e}; {what}.") from e
 
 
 def load_config(path: str | os.PathLike, **overrides) -> ModelConfig:

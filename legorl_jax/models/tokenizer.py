@@ -9,14 +9,14 @@ byte-level BPE with 8192 ids: 8183 BPE ids, then the added tokens of `chat_templ
 (``<|endoftext|>`` = 8183 ... ``</think>`` = 8191).
 """
 
-import json
 import os
 import pathlib
 import re
 from typing import Any, Mapping, Sequence
 
-from legorl_jax.errors import TokenizerError
+from legorl_jax.errors import InvalidJSONError, TokenizerError
 from legorl_jax.models import chat_template as ct
+from legorl_jax.utils import safe_json
 
 BUNDLED = "bundled"
 
@@ -199,10 +199,10 @@ def _decode_call(body: str) -> dict[str, Any] | None:
   """One ``{"name": ..., "arguments": {...}}`` object, or None if it is not a valid call."""
   body = body.strip()
   try:
-    obj, end = json.JSONDecoder().raw_decode(body)
-  except (json.JSONDecodeError, RecursionError):
+    obj = safe_json.loads(body, what="tool call")
+  except InvalidJSONError:
     return None
-  if body[end:].strip() or not isinstance(obj, dict):
+  if not isinstance(obj, dict):
     return None
   name = obj.get("name")
   if not isinstance(name, str) or not name:
@@ -210,8 +210,8 @@ def _decode_call(body: str) -> dict[str, Any] | None:
   args = obj.get("arguments", obj.get("parameters", {}))
   if isinstance(args, str):
     try:
-      args = json.loads(args) if args.strip() else {}
-    except (json.JSONDecodeError, RecursionError):
+      args = safe_json.loads(args, what="tool-call arguments") if args.strip() else {}
+    except InvalidJSONError:
       return None
   if args is None:
     args = {}

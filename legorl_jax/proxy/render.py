@@ -22,6 +22,7 @@ from legorl_jax.models import tokenizer as tokenization
 from legorl_jax.proxy import chatml
 from legorl_jax.proxy.pieces import PieceEncoder
 from legorl_jax.proxy.types import Message, Reply, RenderedRequest, ToolCall, new_id
+from legorl_jax.utils import safe_json
 from legorl_jax.sampling.params import Completion
 
 
@@ -190,8 +191,8 @@ def normalize_arguments(args):
     if not s:
       return {}
     try:
-      return json.loads(s)
-    except (json.JSONDecodeError, RecursionError):
+      return safe_json.loads(s, what="tool-call arguments")
+    except errors.InvalidJSONError:
       return s
   return args
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 import os
 import re
@@ -31,7 +30,8 @@ from typing import NamedTuple
 from aiohttp import web
 
 from legorl_jax import errors
-from legorl_jax.errors import ProxyError
+from legorl_jax.errors import InvalidJSONError, ProxyError
+from legorl_jax.utils import safe_json
 from legorl_jax.proxy import anthropic_messages, openai_chat, openai_responses, wire
 from legorl_jax.proxy.recorder import Session
 from legorl_jax.proxy.service import ProxyConfig, ProxyService
@@ -260,10 +260,7 @@ class ProxyServer:
     except web.HTTPRequestEntityTooLarge:
       raise ProxyError(f"request body exceeds {self.config.max_body_bytes} bytes.", status=413,
                        code="request_too_large") from None
-    try:
-      return json.loads(raw)
-    except (ValueError, RecursionError) as e:
-      raise ProxyError(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    return _parse_body(raw)
 
   def _api_handler(self, api: str):
     fmt = _APIS[api]
@@ -352,13 +349,7 @@ class ProxyServer:
         raise ProxyError("creating sessions needs the server's admin token.", status=403,
                          code="permission_denied")
     raw = await request.read()
-    body = {}
-    if raw.strip():
-      try:
-        body = json.loads(raw)
-      except ValueError as e:
-        raise ProxyError(f"request body is not valid JSON: {e}", code="invalid_json") from None
-    body = wire.require_object(body)
+    body = wire.require_object(_parse_body(raw) if raw.strip() else {})
     sid = body.get("session_id")
     if sid is not None and not isinstance(sid, str):
       wire.bad("'session_id' must be a string.", "session_id")
@@ -372,3 +363,11 @@ class ProxyServer:
   async def _health(self, request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "sessions": len(self.sessions),
                               "model": self.config.model_name})
+
+
+def _parse_body(raw: bytes):
+  """A request body as JSON, or a 400 ``invalid_json`` naming the problem (``safe_json``)."""
+  try:
+    return safe_json.loads(raw, what="request body")
+  except InvalidJSONError as e:
+    raise ProxyError(str(e), status=e.status, code=e.code) from None

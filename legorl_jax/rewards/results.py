@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import xml.etree.ElementTree as ET
 
 from legorl_jax.errors import VerifierError
+from legorl_jax.utils import safe_json
 
 PASSED, FAILED, ERROR, SKIPPED, MISSING = "passed", "failed", "error", "skipped", "missing"
 
@@ -13,9 +13,9 @@ PASSED, FAILED, ERROR, SKIPPED, MISSING = "passed", "failed", "error", "skipped"
 def parse_pyrunner_json(text: str) -> dict[str, str]:
   """{test id: outcome} from the pyrunner's JSON output."""
   try:
-    payload = json.loads(text)
+    payload = safe_json.loads(text, what="pyrunner output")
     return {k: str(v["outcome"]) for k, v in payload["tests"].items()}
-  except (ValueError, KeyError, TypeError, AttributeError) as e:
+  except (ValueError, KeyError, TypeError, AttributeError) as e:  # InvalidJSONError is a ValueError
     raise VerifierError(f"pyrunner output is not valid results JSON: {e}") from None
 
 

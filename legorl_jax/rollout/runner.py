@@ -26,10 +26,12 @@ import time
 import uuid
 from typing import Any, Callable, Sequence
 
+from legorl_jax import errors
 from legorl_jax.harnesses.base import HarnessAdapter
 from legorl_jax.proxy.service import derive_seed
 from legorl_jax.rewards import status as st
 from legorl_jax.rollout.trial import TrialConfig, TrialResult, run_trial
+from legorl_jax.sandbox import SandboxConfig, runtime_check
 from legorl_jax.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,26 @@ def summarize(results: Sequence[TrialResult]) -> dict[str, Any]:
   }
 
 
+def check_local_verifiers(tasks: Sequence[Task], sandbox: SandboxConfig) -> None:
+  """Refuses pytest-graded tasks on the local backend when its ``python3`` has no pytest,
+  before the first trial (each would otherwise end ``verifier_error`` after a full harness run).
+  """
+  if sandbox.backend != "local":
+    return
+  needing = [t.id for t in tasks if t.verifier.kind == "pytest"]
+  if not needing:
+    return
+  exe, missing = runtime_check.missing_python_modules(["pytest"], sandbox.env)
+  if missing:
+    raise errors.ConfigError(
+        f"{len(needing)} task(s) (e.g. {needing[0]!r}) are graded with pytest, but the local "
+        f"sandbox's python3 ({exe or 'not found on the sandbox PATH'}) cannot import pytest. "
+        "Install it for that interpreter (`apt-get install python3-pytest`, as "
+        ".ci/setup_system.sh does), or run these tasks on Docker "
+        "(--config.sandbox.backend=docker), whose task image installs the project's test "
+        "dependencies.")
+
+
 def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: str, *,
                concurrency: int = 2, max_retries: int = 1,
                on_result: Callable[[TrialResult], None] | None = None,
@@ -86,6 +108,7 @@ def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: st
   (``summarize`` of the final results plus ``extra_summary``). ``on_result`` sees each final
   result (with its in-memory trajectory) on the worker thread that produced it.
   """
+  check_local_verifiers([j.task for j in jobs], config.sandbox)
   os.makedirs(out_dir, exist_ok=True)
   trials_path = os.path.join(out_dir, "trials.jsonl")
   lock = threading.Lock()

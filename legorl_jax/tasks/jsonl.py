@@ -7,8 +7,9 @@ import logging
 import os
 from typing import Iterable, Iterator
 
-from legorl_jax.errors import TaskError, TaskValidationError
+from legorl_jax.errors import InvalidJSONError, TaskError, TaskValidationError
 from legorl_jax.tasks.schema import Task
+from legorl_jax.utils import safe_json
 
 log = logging.getLogger(__name__)
 MAX_LINE_BYTES = 1 << 30  # inline archives make long lines; a runaway line must not eat the host
@@ -41,12 +42,9 @@ def load_tasks_jsonl(path: str, *, strict: bool = False, max_line_bytes: int = M
         if not text.strip():
           continue
         try:
-          obj = json.loads(text)
-        except json.JSONDecodeError as e:
-          raise TaskValidationError(f"broken JSON: {e.msg} at column {e.colno}", path=path, line=lineno) from None
-        except (ValueError, RecursionError) as e:
-          raise TaskValidationError(f"unparseable JSON: {type(e).__name__}: {str(e)[:200]}",
-                                    path=path, line=lineno) from None
+          obj = safe_json.loads(text, what="the line")
+        except InvalidJSONError as e:
+          raise TaskValidationError(f"broken JSON ({e})", path=path, line=lineno) from None
         task = Task.from_dict(obj, path=path, line=lineno, base_dir=base_dir)
         if task.id in seen:
           raise TaskValidationError(f"duplicate task id {task.id!r}", path=path, line=lineno, field="id")

@@ -14,7 +14,8 @@ import posixpath
 import re
 from typing import Any
 
-from legorl_jax.errors import TaskValidationError
+from legorl_jax.errors import InvalidJSONError, TaskValidationError
+from legorl_jax.utils import safe_json
 
 REPO_KINDS = ("dir", "archive", "git")
 VERIFIER_KINDS = ("pyrunner", "pytest", "command")
@@ -229,10 +230,9 @@ class _Parser:
   def test_list(self, d, key):
     v = d.get(key)
     if isinstance(v, str):  # SWE-bench stores these lists as JSON strings.
-      import json
       try:
-        v = json.loads(v)
-      except (ValueError, RecursionError) as e:
+        v = safe_json.loads(v, what="the value")
+      except InvalidJSONError as e:
         raise self.err(key, f"not a JSON list: {e}") from None
       d = {key: v}
     return self.str_list(d, key, key)

@@ -10,12 +10,12 @@ These tasks keep pytest as the verifier.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
-from legorl_jax.errors import TaskError, TaskValidationError
+from legorl_jax.errors import InvalidJSONError, TaskError, TaskValidationError
 from legorl_jax.tasks.schema import Task
+from legorl_jax.utils import safe_json
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,9 @@ def import_swebench_jsonl(path: str, *, source: str = "swe-bench", **kwargs
         continue
       try:
         try:
-          rec = json.loads(raw)
-        except json.JSONDecodeError as e:
-          raise TaskValidationError(f"broken JSON: {e.msg}", path=path, line=lineno) from None
+          rec = safe_json.loads(raw, what="the record")
+        except InvalidJSONError as e:
+          raise TaskValidationError(f"broken JSON ({e})", path=path, line=lineno) from None
         tasks.append(record_to_task(rec, source=source, path=path, line=lineno, **kwargs))
       except TaskValidationError as e:
         log.warning("skipping SWE-bench record: %s", e)

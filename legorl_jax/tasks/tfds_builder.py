@@ -17,9 +17,10 @@ import tempfile
 import numpy as np
 import tensorflow_datasets as tfds
 
-from legorl_jax.errors import TaskError
+from legorl_jax.errors import InvalidJSONError, TaskError
 from legorl_jax.tasks import jsonl, repo as repo_lib
 from legorl_jax.tasks.schema import RepoSource, Task
+from legorl_jax.utils import safe_json
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,10 @@ def record_to_task(record: dict) -> Task:
   """Task from one data-source record (bytes fields as the array_record source returns)."""
   def text(x):
     return x.decode("utf-8") if isinstance(x, bytes) else str(x)
-  d = json.loads(text(record["task_json"]))
+  try:
+    d = safe_json.loads(text(record["task_json"]), what=f"task_json of record {text(record['id'])}")
+  except InvalidJSONError as e:
+    raise TaskError(f"{e}; rebuild the TFDS dataset (experiments.make_tasks --build_tfds)") from None
   task = Task.from_dict(d, path=f"<record {text(record['id'])}>")
   archive = record.get("repo_archive")
   if isinstance(archive, np.ndarray):

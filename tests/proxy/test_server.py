@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from legorl_jax.proxy import EngineBackend, ProxyConfig, ProxyServer, ScriptedBackend
+from legorl_jax.utils import safe_json
 from tests.proxy.conftest import ANTHROPIC_TOOLS, CHAT_TOOLS, RESPONSES_TOOLS, http, scripted_reply
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -155,6 +156,35 @@ def test_fuzz_every_route_keeps_serving(scripted_server, route):
       assert isinstance(err, dict) and isinstance(err["message"], str)
       if "messages" in route:
         assert body["type"] == "error"
+  status, _ = http("POST", scripted_server.url + "/v1/chat/completions", None, CHAT)
+  assert status == 200
+
+
+_ROUTE_BODY = {"/v1/chat/completions": CHAT, "/sess/fuzz/v1/chat/completions": CHAT,
+               "/v1/responses": {"model": "m", "input": "hi"},
+               "/v1/messages": {"model": "m", "max_tokens": 5, "messages": CHAT["messages"]},
+               "/sess/fuzz/v1/messages": {"model": "m", "max_tokens": 5,
+                                          "messages": CHAT["messages"]},
+               "/v1/messages/count_tokens": {"model": "m", "messages": CHAT["messages"]},
+               "/sess": {}}
+
+
+@pytest.mark.parametrize("route", sorted(_ROUTE_BODY))
+def test_nesting_on_both_sides_of_the_limit_on_every_route(scripted_server, route):
+  """A nested value inside an otherwise valid body: at the bound it is accepted by the JSON
+  layer (whatever the route then says of the field), one level past it and far past it (5,000,
+  100,000 levels, closed or not) it is a 400 that names the nesting, never a 500. The bound is
+  checked before decoding, so the outcome does not depend on the handler's stack depth."""
+  limit = safe_json.MAX_DEPTH
+  prefix = json.dumps(_ROUTE_BODY[route])[:-1] + (', ' if _ROUTE_BODY[route] else '') + '"x": '
+  for inner, closed in ((limit - 1, True), (limit, True), (5000, True), (100_000, False)):
+    raw = (prefix + "[" * inner + ("]" * inner if closed else "") + "}").encode()
+    status, body = http("POST", scripted_server.url + route, "fuzz-token", raw=raw)
+    msg = str((body.get("error") or {}).get("message", "")) if isinstance(body, dict) else ""
+    if inner + 1 <= limit:
+      assert status in (200, 400) and "levels deep" not in msg, (route, inner, status, body)
+    else:
+      assert status == 400 and f"nests {inner + 1} levels deep" in msg, (route, inner, body)
   status, _ = http("POST", scripted_server.url + "/v1/chat/completions", None, CHAT)
   assert status == 200
 

@@ -76,7 +76,8 @@ def test_swe_task_with_pytest_in_local_sandbox(tmp_path, mode, expected):
   p.write_text(json.dumps(rec) + "\n")
   (task,), _ = import_swebench_jsonl(str(p))
   # pytest comes from this interpreter's installation, mounted read-only.
-  cfg = SandboxConfig(git_mirror_dir=mirror, ro_mounts=(sys.prefix,),
+  # In a virtualenv, python3 links into the base installation: mount both.
+  cfg = SandboxConfig(git_mirror_dir=mirror, ro_mounts=tuple(sorted({sys.prefix, sys.base_prefix})),
                       env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin",
                            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
   with create_sandbox(task, cfg) as sb:
