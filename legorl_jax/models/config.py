@@ -1,7 +1,8 @@
 """Decoder configuration and presets.
 
-One frozen dataclass covers Llama 3, Qwen2/2.5 and Qwen3; the architecture differences are
-three switches (``qkv_bias``, ``qk_norm``, ``rope_scaling``) plus free ``head_dim``.
+One frozen dataclass covers Llama 3, Qwen2/2.5, Qwen3 and Qwen3-MoE; the dense architecture
+differences are three switches (``qkv_bias``, ``qk_norm``, ``rope_scaling``) plus free
+``head_dim``; ``qwen3_moe`` adds the mixture-of-experts fields (``num_experts`` > 0).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 
 from legorl_jax import errors
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +49,21 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_id: int | None = None
   pad_token_id: int | None = None
+  # Mixture of experts (qwen3_moe; 0 experts = dense). A layer i is sparse when
+  # i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0 (HF's rule); sparse layers
+  # route each token to num_experts_per_tok of num_experts SwiGLU experts of width
+  # moe_intermediate_size, dense layers keep an MLP of width intermediate_size.
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = True
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  # Weight of the Switch load-balancing loss in SFT (0 = off; RL never adds it).
+  router_aux_loss_coef: float = 0.0
 
   def __post_init__(self):
+    object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
     if self.architecture not in ARCHITECTURES:
       raise errors.ConfigError(
           f"model.architecture={self.architecture!r} is not supported; use one of {ARCHITECTURES}.")
@@ -61,6 +75,7 @@ class ModelConfig:
       raise errors.ConfigError(
           f"model.num_heads={self.num_heads} must be a multiple of model.num_kv_heads="
           f"{self.num_kv_heads} (grouped-query attention).")
+    self._check_moe()
     for name in ("dtype", "param_dtype"):
       try:
         jnp.dtype(getattr(self, name))
@@ -72,6 +87,38 @@ class ModelConfig:
     return hash(tuple(
         tuple(sorted(v.items())) if isinstance(v, dict) else v
         for v in (getattr(self, f.name) for f in dataclasses.fields(self))))
+
+  def _check_moe(self):
+    if (self.architecture == "qwen3_moe") != (self.num_experts > 0):
+      raise errors.ConfigError(
+          f"model.architecture={self.architecture!r} with model.num_experts={self.num_experts}: "
+          f"qwen3_moe needs num_experts > 0 and the dense architectures need num_experts=0.")
+    if not self.num_experts:
+      return
+    if not 0 < self.num_experts_per_tok <= self.num_experts:
+      raise errors.ConfigError(
+          f"model.num_experts_per_tok={self.num_experts_per_tok} must be in [1, num_experts="
+          f"{self.num_experts}].")
+    if self.moe_intermediate_size <= 0 or self.decoder_sparse_step <= 0:
+      raise errors.ConfigError(
+          f"model.moe_intermediate_size={self.moe_intermediate_size} and model."
+          f"decoder_sparse_step={self.decoder_sparse_step} must be positive for qwen3_moe.")
+
+  def is_moe_layer(self, i: int) -> bool:
+    """Whether block ``i`` is a sparse (mixture-of-experts) block."""
+    return (self.num_experts > 0 and i not in self.mlp_only_layers
+            and (i + 1) % self.decoder_sparse_step == 0)
+
+  @property
+  def moe_layers(self) -> tuple[int, ...]:
+    """Indices of the sparse blocks, in order (``L_moe = len(moe_layers)``)."""
+    return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+  @property
+  def route_dtype(self):
+    """Smallest signed integer dtype holding an expert index: int8 up to 127 experts."""
+    return jnp.int8 if self.num_experts <= 127 else (
+        jnp.int16 if self.num_experts <= 32767 else jnp.int32)
 
   @property
   def compute_dtype(self):
@@ -86,9 +133,12 @@ class ModelConfig:
     q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
     attn = d * q + 2 * d * kv + q * d + (q + 2 * kv if self.qkv_bias else 0)
     attn += 2 * self.head_dim if self.qk_norm else 0
-    block = attn + 3 * d * f + 2 * d
+    dense = attn + 3 * d * f + 2 * d
+    sparse = attn + 3 * d * self.moe_intermediate_size * self.num_experts + d * self.num_experts
+    sparse += 2 * d
+    n_moe = len(self.moe_layers)
     head = 0 if self.tie_word_embeddings else d * v
-    return v * d + self.num_layers * block + d + head
+    return v * d + (self.num_layers - n_moe) * dense + n_moe * sparse + d + head
 
 
 # CPU presets, sized for the bundled 8192-token tokenizer.

@@ -1,4 +1,4 @@
-"""Flax NNX decoder family: Llama 3, Qwen2/2.5 and Qwen3.
+"""Flax NNX decoder family: Llama 3, Qwen2/2.5, Qwen3 and Qwen3-MoE (``models.moe``).
 
 Every parameter carries ``logical_axes`` metadata (see ``legorl_jax.sharding.rules``), so one
 rules table places it on a ``(data, fsdp, tensor)`` mesh. Kernels are stored ``[in, out]``.
@@ -10,6 +10,10 @@ Two forward modes share one attention function:
   * sampling: ``decode(input_ids, positions, cache)`` writes K/V at each token's absolute
     position in a per-row cache slot and attends to every cached position <= its own.
     Tokens with ``position < 0`` are padding: they write nothing.
+
+Mixture-of-experts policies also expose their routing: ``hidden_routed`` and ``decode(...,
+return_routes=True)`` return each token's selected experts per sparse layer (int32
+``[B, T, L_moe, k]``), and both accept such an array to replay instead of recomputing top-k.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from legorl_jax import errors
 from legorl_jax.models.config import ModelConfig
+from legorl_jax.models.moe import MoEBlock, load_balancing_loss
 
 
 @flax.struct.dataclass
@@ -249,16 +255,26 @@ class MLP(nnx.Module):
 
 class Block(nnx.Module):
 
-  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, layer: int = 0):
     self.attn_norm = RMSNorm(config.hidden_size, config, rngs=rngs)
     self.attn = Attention(config, rngs=rngs)
     self.mlp_norm = RMSNorm(config.hidden_size, config, rngs=rngs)
-    self.mlp = MLP(config, rngs=rngs)
+    self.sparse = config.is_moe_layer(layer)
+    self.mlp = MoEBlock(config, rngs=rngs) if self.sparse else MLP(config, rngs=rngs)
 
   def __call__(self, x, positions, mask, kv=None):
     """x [B, T, D]; mask [B, T, S]; kv: optional (k_cache, v_cache) [B, S, Hkv, Dh].
 
     Returns (x, kv) where kv is the updated cache (or None).
+    """
+    x, kv, _ = self.forward(x, positions, mask, kv)
+    return x, kv
+
+  def forward(self, x, positions, mask, kv=None, experts=None):
+    """``__call__`` that also returns the sparse MLP's ``moe.Routing`` (None when dense).
+
+    experts: optional int [B, T, k] routes to replay (sparse blocks only).
+    Returns (x, kv, routing).
     """
     q, k, v = self.attn.project_qkv(self.attn_norm(x), positions)
     if kv is not None:
@@ -270,8 +286,23 @@ class Block(nnx.Module):
       v_cache = v_cache.at[rows, slot].set(v.astype(v_cache.dtype), mode="drop")
       k, v, kv = k_cache.astype(x.dtype), v_cache.astype(x.dtype), (k_cache, v_cache)
     x = x + self.attn.output(attend(q, k, v, mask))
-    x = x + self.mlp(self.mlp_norm(x))
-    return x, kv
+    if self.sparse:
+      y, routing = self.mlp.routed(self.mlp_norm(x), experts)
+    else:
+      y, routing = self.mlp(self.mlp_norm(x)), None
+    return x + y, kv, routing
+
+
+class RouteInfo(NamedTuple):
+  """Routing of a mixture-of-experts forward.
+
+  experts: int32 [B, T, L_moe, k], the selected experts of each token in each sparse layer
+    (replayed ones when given). Stored compactly as ``config.route_dtype`` (int8 up to 127
+    experts): ``L_moe * k`` bytes per token, 384 B for Qwen3-30B-A3B (48 layers, top-8).
+  aux_loss: f32 scalar, the load-balancing loss averaged over sparse layers (valid tokens only).
+  """
+  experts: jax.Array
+  aux_loss: jax.Array
 
 
 class Decoder(nnx.Module):
@@ -284,7 +315,7 @@ class Decoder(nnx.Module):
     c = config
     self.config = c
     self.embed = _param(rngs, (c.vocab_size, c.hidden_size), ("vocab", "embed"), c)
-    self.layers = nnx.List([Block(c, rngs=rngs) for _ in range(c.num_layers)])
+    self.layers = nnx.List([Block(c, rngs=rngs, layer=i) for i in range(c.num_layers)])
     self.final_norm = RMSNorm(c.hidden_size, c, rngs=rngs)
     if not c.tie_word_embeddings:
       self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), ("embed", "vocab"), c)
@@ -347,6 +378,35 @@ class Decoder(nnx.Module):
         x, _ = block(x, positions, mask)
     return x
 
+  def hidden_routed(self, input_ids, positions=None, segment_ids=None, experts=None,
+                    shared_prefix=None):
+    """``hidden`` that also returns the routing (``RouteInfo``); arguments as ``hidden``.
+
+    experts: optional int [B, T, L_moe, k] routes to replay (routing replay); without it each
+      sparse layer computes top-k. Padding tokens (segment id 0) may carry any valid id.
+    Returns (hidden [B, T, D], RouteInfo).
+    """
+    c = self.config
+    if not c.moe_layers:
+      raise errors.ConfigError(
+          f"hidden_routed needs a mixture-of-experts model (architecture qwen3_moe); this is a "
+          f"dense {c.architecture} model, use hidden().")
+    b, t = input_ids.shape
+    valid = (jnp.ones((b, t), bool) if segment_ids is None else segment_ids != 0).reshape(-1)
+    positions, mask = _positions_and_mask((b, t), positions, segment_ids, shared_prefix)
+    x, routings = self.embed_tokens(input_ids), []
+    for block in self.layers:
+      given = None
+      if block.sparse and experts is not None:
+        given = experts[:, :, len(routings)]
+      if c.remat:
+        x, routing = _remat_forward(block, x, positions, mask, given)
+      else:
+        x, _, routing = block.forward(x, positions, mask, experts=given)
+      if routing is not None:
+        routings.append(routing)
+    return self.final_norm(x), _route_info(routings, valid, b, t)
+
   def __call__(self, input_ids, positions=None, segment_ids=None):
     """int32 [B, T] -> float32 logits [B, T, V]."""
     return self.logits_from_hidden(self.hidden(input_ids, positions, segment_ids))
@@ -355,26 +415,49 @@ class Decoder(nnx.Module):
   def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
     return KVCache.zeros(self.config, batch, max_len, dtype)
 
-  def decode(self, input_ids, positions, cache: KVCache):
+  def decode(self, input_ids, positions, cache: KVCache, experts=None,
+             return_routes: bool = False):
     """Runs new tokens against the KV cache (prefill when T > 1, decode when T == 1).
 
     Args:
       input_ids: int32 [B, T].
       positions: int32 [B, T] absolute positions (= cache slot); negative = padding.
       cache: KVCache with slots [B, S, Hkv, Dh].
+      experts: optional int [B, T, L_moe, k] routes to replay (mixture-of-experts only).
+      return_routes: also return the selected experts (``RouteInfo.experts``) as
+        ``config.route_dtype`` [B, T, L_moe, k].
     Returns:
-      (hidden [B, T, D] final-normed, updated cache).
+      (hidden [B, T, D] final-normed, updated cache), plus routes when ``return_routes``.
     """
     s = cache.max_len
     slots = jnp.arange(s, dtype=jnp.int32)
     mask = (slots[None, None, :] <= positions[:, :, None]) & (positions[:, :, None] >= 0)
     x = self.embed_tokens(input_ids)
-    ks, vs = [], []
+    ks, vs, routes = [], [], []
     for i, block in enumerate(self.layers):
-      x, (k, v) = block(x, positions, mask, kv=(cache.k[i], cache.v[i]))
+      given = experts[:, :, len(routes)] if block.sparse and experts is not None else None
+      x, (k, v), routing = block.forward(x, positions, mask, kv=(cache.k[i], cache.v[i]),
+                                         experts=given)
       ks.append(k)
       vs.append(v)
-    return self.final_norm(x), KVCache(k=tuple(ks), v=tuple(vs))
+      if routing is not None:
+        routes.append(routing.experts)
+    out = self.final_norm(x), KVCache(k=tuple(ks), v=tuple(vs))
+    if not return_routes:
+      return out
+    if not routes:
+      raise errors.ConfigError(f"return_routes=True needs a mixture-of-experts model; this is a "
+                               f"dense {self.config.architecture} model.")
+    b, t = input_ids.shape
+    stacked = jnp.stack([r.reshape(b, t, -1) for r in routes], axis=2)
+    return (*out, stacked.astype(self.config.route_dtype))
+
+
+def _route_info(routings, valid, b, t) -> RouteInfo:
+  """RouteInfo from per-layer ``moe.Routing`` over ``B*T`` tokens (``valid`` bool [B*T])."""
+  experts = jnp.stack([r.experts.reshape(b, t, -1) for r in routings], axis=2)
+  aux = jnp.mean(jnp.stack([load_balancing_loss(r.probs, r.experts, valid) for r in routings]))
+  return RouteInfo(experts, aux)
 
 
 def _positions_and_mask(shape, positions, segment_ids, shared_prefix):
@@ -390,6 +473,18 @@ def _positions_and_mask(shape, positions, segment_ids, shared_prefix):
   mask = (causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
           & (segment_ids[:, :, None] != 0))
   return positions, mask
+
+
+def _remat_forward(block: Block, x, positions, mask, experts):
+  """``block.forward`` without a cache, rematerialised: (x, routing or None)."""
+  graphdef, state = nnx.split(block)
+
+  @jax.checkpoint
+  def run(state, x, experts):
+    out, _, routing = nnx.merge(graphdef, state).forward(x, positions, mask, experts=experts)
+    return out, routing
+
+  return run(state, x, experts)
 
 
 def _remat_block(block: Block, x, positions, mask):

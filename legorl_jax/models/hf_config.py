@@ -19,10 +19,12 @@ ARCHITECTURE_CLASSES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 _CLASS_TO_TYPE = {v: k for k, v in ARCHITECTURE_CLASSES.items()}
 # transformers' per-class defaults for fields a config.json may omit.
-_DEFAULT_MAX_POS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768}
+_DEFAULT_MAX_POS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768, "qwen3_moe": 32768}
+_QK_NORM = ("qwen3", "qwen3_moe")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                 "original_max_position_embeddings")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -40,7 +42,7 @@ def _unsupported(what: str, found: Any, source: str) -> errors.UnsupportedArchit
 
 
 def architecture_of(hf: dict, source: str = "config.json") -> str:
-  """The model_type (llama / qwen2 / qwen3) of an HF config dict."""
+  """The model_type (llama / qwen2 / qwen3 / qwen3_moe) of an HF config dict."""
   model_type = hf.get("model_type")
   classes = hf.get("architectures") or []
   if model_type is None:
@@ -106,7 +108,7 @@ def config_from_hf(hf: dict, *, source: str = "config.json", **overrides) -> Mod
     raise _unsupported("hidden_act", act, source)
   if hf.get("mlp_bias"):
     raise _unsupported("mlp_bias=True", True, source)
-  if arch in ("llama", "qwen3") and hf.get("attention_bias"):
+  if arch in ("llama", *_QK_NORM) and hf.get("attention_bias"):
     raise _unsupported(f"attention_bias=True for {arch} (adds an o_proj bias)", True, source)
   if hf.get("use_sliding_window"):
     raise _unsupported("use_sliding_window=True", hf.get("sliding_window"), source)
@@ -130,18 +132,37 @@ def config_from_hf(hf: dict, *, source: str = "config.json", **overrides) -> Mod
       rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
       tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
       qkv_bias=arch == "qwen2",
-      qk_norm=arch == "qwen3",
+      qk_norm=arch in _QK_NORM,
       max_position_embeddings=int(hf.get("max_position_embeddings") or _DEFAULT_MAX_POS[arch]),
       initializer_range=float(hf.get("initializer_range", 0.02)),
       bos_token_id=_first_id(hf.get("bos_token_id")),
       eos_token_id=_first_id(hf.get("eos_token_id")),
       pad_token_id=_first_id(hf.get("pad_token_id")),
   )
+  if arch == "qwen3_moe":
+    fields.update(_moe_fields(hf, need, source))
   fields.update(overrides)
   try:
     return ModelConfig(**fields)
   except errors.ConfigError as e:
     raise errors.CheckpointError(f"{source}: {e}") from e
+
+
+def _moe_fields(hf: dict, need, source: str) -> dict:
+  """The mixture-of-experts fields of a qwen3_moe config (transformers 4.x ``num_experts`` or
+  5.x ``num_local_experts``)."""
+  experts = hf.get("num_experts", hf.get("num_local_experts"))
+  if not experts:
+    raise errors.CheckpointError(f"{source}: a qwen3_moe config needs num_experts (or "
+                                 f"num_local_experts) > 0, found {experts!r}.")
+  return dict(
+      num_experts=int(experts),
+      num_experts_per_tok=need("num_experts_per_tok"),
+      moe_intermediate_size=need("moe_intermediate_size"),
+      norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+      decoder_sparse_step=int(hf.get("decoder_sparse_step") or 1),
+      mlp_only_layers=tuple(int(i) for i in (hf.get("mlp_only_layers") or ())),
+  )
 
 
 def _torch_dtype_name(dtype: str) -> str:
@@ -154,7 +175,7 @@ def config_to_hf(config: ModelConfig) -> dict:
   arch = c.architecture
   if c.qkv_bias != (arch == "qwen2"):
     raise _unsupported(f"{arch} with qkv_bias={c.qkv_bias}", c.qkv_bias, "save_pretrained")
-  if c.qk_norm != (arch == "qwen3"):
+  if c.qk_norm != (arch in _QK_NORM):
     raise _unsupported(f"{arch} with qk_norm={c.qk_norm}", c.qk_norm, "save_pretrained")
   rope_params = {"rope_type": "default", "rope_theta": c.rope_theta}
   rope_scaling = None
@@ -190,8 +211,14 @@ def config_to_hf(config: ModelConfig) -> dict:
   }
   if arch == "llama":
     hf.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
-  elif arch == "qwen3":
+  elif arch in _QK_NORM:
     hf.update(attention_bias=False, use_sliding_window=False, sliding_window=None)
+  if arch == "qwen3_moe":
+    hf.update(num_experts=c.num_experts, num_local_experts=c.num_experts,
+              num_experts_per_tok=c.num_experts_per_tok,
+              moe_intermediate_size=c.moe_intermediate_size, norm_topk_prob=c.norm_topk_prob,
+              decoder_sparse_step=c.decoder_sparse_step, mlp_only_layers=list(c.mlp_only_layers),
+              output_router_logits=False, router_aux_loss_coef=c.router_aux_loss_coef)
   else:
     hf.update(use_sliding_window=False, sliding_window=None)
   return hf

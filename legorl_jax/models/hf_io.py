@@ -26,7 +26,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from legorl_jax import errors
-from legorl_jax.models import hf_config, loading
+from legorl_jax.models import hf_config, hf_moe, loading
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.decoder import Decoder
 from legorl_jax.sharding import rules as sharding_rules
@@ -57,6 +57,7 @@ _LAYER_NAMES = {
     ("mlp", "gate_kernel"): ("mlp.gate_proj.weight", True),
     ("mlp", "up_kernel"): ("mlp.up_proj.weight", True),
     ("mlp", "down_kernel"): ("mlp.down_proj.weight", True),
+    ("mlp", "router_kernel"): ("mlp.gate.weight", True),
 }
 
 
@@ -166,8 +167,18 @@ def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | Non
   prefix = "model." if "model.embed_tokens.weight" in files else ""
   slots = loading.ParamSlots(config, mesh, rules)
   np_dtype = np.dtype(jnp.dtype(config.param_dtype))
-  wanted = {}
+  wanted, stacked = {}, {}
   for p, var in slots.flat:
+    names = hf_moe.expert_names(p, config, prefix)
+    if names is not None:
+      missing = [n for n in names if n not in files]
+      if missing:
+        raise errors.CheckpointError(
+            f"Tensor {missing[0]!r} (an expert of {'.'.join(map(str, p))}) is missing from the "
+            f"weights in {path}; config.json says num_experts={config.num_experts}.")
+      stacked[p] = names
+      wanted.update({n: (p, var, True) for n in names})
+      continue
     name, transposed = hf_name(p, prefix)
     if name not in files:
       raise errors.CheckpointError(
@@ -185,7 +196,19 @@ def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | Non
   values = {}
   with contextlib.ExitStack() as stack:
     handles = {f: stack.enter_context(safe_open(f, framework="np")) for f in set(files.values())}
+    for p, names in stacked.items():
+      var = dict(slots.flat)[p]
+      want = tuple(var.shape[1:])[::-1]
+      for n in names:
+        if tuple(handles[files[n]].get_slice(n).get_shape()) != want:
+          raise errors.CheckpointError(
+              f"Tensor {n!r} has shape {tuple(handles[files[n]].get_slice(n).get_shape())}, but "
+              f"config.json implies {want}; the weights do not match the config.")
+      values[p] = slots.place(p, tuple(var.shape), hf_moe.stacked_reader(
+          [handles[files[n]] for n in names], names, np_dtype))
     for name, (p, var, transposed) in wanted.items():
+      if p in stacked:
+        continue
       handle = handles[files[name]]
       hf_shape = tuple(handle.get_slice(name).get_shape())
       shape = tuple(var.shape)
@@ -257,10 +280,14 @@ def save_pretrained(model: Decoder, path: str | os.PathLike, tokenizer: Any = No
   hf = hf_config.config_to_hf(config)
   tensors = {}
   for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    name, transposed = hf_name(p)
     arr = _to_host(var.get_value())
     if dtype is not None:
       arr = arr.astype(np.dtype(jnp.dtype(dtype)))
+    names = hf_moe.expert_names(tuple(p), config)
+    if names is not None:
+      tensors.update(hf_moe.split_stacked(arr, names))
+      continue
+    name, transposed = hf_name(p)
     tensors[name] = np.ascontiguousarray(arr.T if transposed else arr)
   if jax.process_index() != 0:
     return path

@@ -13,7 +13,7 @@ from legorl_jax import errors
 
 # logical axis -> mesh axis (or tuple of mesh axes, or None for replicated).
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),
     ("vocab", "tensor"),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
@@ -22,6 +22,11 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("head_dim", None),
     ("norm", None),
     ("seq", None),
+    # Mixture of experts: stacked expert kernels [E, ...] shard E over the 'expert' mesh axis
+    # (expert parallel; the axis also splits the batch, so it composes with data/fsdp/tensor);
+    # the router's [D, E] output axis stays whole on every device.
+    ("experts", "expert"),
+    ("router", None),
 )
 
 _warned: set = set()

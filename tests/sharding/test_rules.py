@@ -50,8 +50,8 @@ def test_custom_rules(mesh):
 
 
 def test_unknown_axis_and_rank_mismatch(mesh):
-  with pytest.raises(errors.ShardingError, match=r"No sharding rule for logical axis 'experts'"):
-    logical_to_spec(("experts", "embed"), (4, 32), mesh)
+  with pytest.raises(errors.ShardingError, match=r"No sharding rule for logical axis 'channels'"):
+    logical_to_spec(("channels", "embed"), (4, 32), mesh)
   with pytest.raises(errors.ShardingError, match=r"do not match array shape \(4,\)"):
     logical_to_spec(("vocab", "embed"), (4,), mesh)
 
@@ -71,6 +71,10 @@ def test_state_shardings_follow_logical_axes(mesh):
   assert all(isinstance(v.get_value(), NamedSharding) for _, v in shardings.items())
   # Every rule in the default table is reachable from the model or the batch.
   used = {a for _, v in nnx.to_flat_state(state) for a in v.get_metadata()["logical_axes"]}
+  moe = nnx.state(abstract_model(get_preset(
+      "tiny", vocab_size=512, num_layers=1, architecture="qwen3_moe", num_experts=4,
+      num_experts_per_tok=2, moe_intermediate_size=64)))
+  used |= {a for _, v in nnx.to_flat_state(moe) for a in v.get_metadata()["logical_axes"]}
   assert used | {"batch", "seq"} == {name for name, _ in DEFAULT_RULES}
 
 
