@@ -77,6 +77,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.max_staleness = 1
   c.trainer.steps = 12
   c.trainer.micro_batches = 8    # bounds activation memory: rows_per_batch / 8 rows at a time
+  # False: one optimizer update per batch of rows_per_batch rows. True: one update per step
+  # over every batch (the exact gradient of the step's whole loss).
+  c.trainer.accumulate = False
+  c.trainer.updates_per_batch = 1  # mu: passes over a step's batches, ratios vs the step start
   c.trainer.logprob_impl = "xla"
   c.trainer.cpu_library_fusion = "dot"  # XLA:CPU's YNNPACK runs matmuls only ("xla_default": all)
   c.trainer.buckets = (512, 1024)

@@ -65,6 +65,9 @@ def validate(cfg) -> None:
   for key in _POSITIVE:
     if not _number(cfg, key) > 0:
       raise errors.ConfigError(f"config {key}={_get(cfg, key)!r} must be > 0.")
+  mu = cfg.trainer.get("updates_per_batch", 1)
+  if isinstance(mu, bool) or not isinstance(mu, int) or mu < 1:
+    raise errors.ConfigError(f"config trainer.updates_per_batch={mu!r} must be an integer >= 1.")
   for key in _NON_NEGATIVE:
     if not _number(cfg, key) >= 0:
       raise errors.ConfigError(f"config {key}={_get(cfg, key)!r} must be >= 0.")

@@ -18,6 +18,7 @@ import numpy as np
 
 from legorl_jax import errors
 from legorl_jax.models.params import split_model
+from legorl_jax.rl import metrics as rl_metrics
 from legorl_jax.trainer import batching
 from legorl_jax.sharding import make_mesh
 from legorl_jax.trainer import compile_options
@@ -90,6 +91,13 @@ class Learner:
       self._step = jax.jit(step_fn, donate_argnums=(0,),
                            static_argnames=("scored_cap", "shared_prefix"),
                            compiler_options=self.compiler_options)
+    # trainer.accumulate: one optimizer update per step over every batch (their gradients
+    # against the global loss denominator add up), instead of one update per batch.
+    self._grads = jax.jit(step_fn.batch_grads, static_argnames=("scored_cap", "shared_prefix"),
+                          compiler_options=self.compiler_options)
+    self._apply = jax.jit(step_fn.apply_grads, donate_argnums=(0,))
+    self._denominators = jax.jit(lambda b: ts.loss_denominators(ts.shifted(b), cfg))
+    self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,))
     self.state = state
     self.frozen = frozen  # never donated, never checkpointed: rebuilt from the base model
     self._logprob = jax.jit(ts.make_logprob_fn(
@@ -119,26 +127,62 @@ class Learner:
     return self._sharded_steps[key]
 
   def update(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
-    """One optimizer update per batch; returns metrics merged over the batches (sums and
-    counts add, maxima max) plus ``learner_tokens`` and ``learner_time_s``."""
+    """Optimizer updates over ``batches``; returns metrics merged over the updates (sums and
+    counts add, maxima max) plus ``learner_tokens``, ``learner_time_s`` and
+    ``optimizer_updates``.
+
+    By default one update per batch. ``trainer.accumulate``: one update over all of them (the
+    exact gradient of the step's global loss mean). ``trainer.updates_per_batch`` (mu): that
+    many passes over the batches, every pass's ratios against the logprobs the step started
+    from (so the clip bounds how far the passes move the policy)."""
     merged, t0, tokens = {}, time.perf_counter(), 0
-    if len(batches) > 1 and "old_logp" not in batches[0] and self.cfg.loss.name != "reinforce":
+    passes = max(1, int(self.cfg.trainer.get("updates_per_batch", 1)))
+    accumulate = bool(self.cfg.trainer.get("accumulate", False))
+    if ((len(batches) > 1 or passes > 1) and "old_logp" not in batches[0]
+        and self.cfg.loss.name != "reinforce"):
       # Every update after the first sees moved parameters: score all batches under the
       # parameters the step started from, so each batch's PPO ratio is against them (REINFORCE,
       # also the SFT loss, has no ratio).
       batches = [dict(b, old_logp=self.logprobs(b)[0]) for b in batches]
-    for i, batch in enumerate(batches):
+    prepared = []
+    for batch in batches:
       batch, layout = batching.split_layout(batch)
-      dev = {k: jnp.asarray(v) for k, v in batch.items()}
       cap = (ts.scored_cap_for(batch, int(self.cfg.trainer.get("micro_batches", 1)))
              if self.cfg.trainer.get("lm_head_on_scored_only", True) else None)
-      self.state, m = self._jitted(dev, cap, layout)(self.state, dev, self.frozen)
+      prepared.append(({k: jnp.asarray(v) for k, v in batch.items()}, cap, layout))
       tokens += int(np.sum(batch["segment_ids"] > 0))
-      merge_update_metrics(merged, m, i)
-    merged["learner_tokens"] = tokens
+    n_updates = 0
+    for _ in range(passes):
+      if accumulate:
+        merge_update_metrics(merged, self._accumulated_update(prepared), n_updates)
+        n_updates += 1
+        continue
+      for dev, cap, layout in prepared:
+        self.state, m = self._jitted(dev, cap, layout)(self.state, dev, self.frozen)
+        merge_update_metrics(merged, m, n_updates)
+        n_updates += 1
+    merged["optimizer_updates"] = n_updates
+    merged["learner_tokens"] = tokens * passes
     merged["learner_time_s"] = time.perf_counter() - t0
-    merged["learner_tokens_per_s"] = tokens / max(merged["learner_time_s"], 1e-9)
+    merged["learner_tokens_per_s"] = tokens * passes / max(merged["learner_time_s"], 1e-9)
     return merged
+
+  def _accumulated_update(self, prepared) -> dict:
+    """One optimizer update from the summed gradients of every prepared batch."""
+    dens = [self._denominators(dev) for dev, _, _ in prepared]
+    total = (sum(d[0] for d in dens), sum(d[1] for d in dens))
+    grads = summed = None
+    for dev, cap, layout in prepared:
+      g, m = self._grads(self.state, dev, self.frozen, scored_cap=cap, shared_prefix=layout,
+                         denominators=total)
+      grads = g if grads is None else self._add(grads, g)
+      summed = m if summed is None else rl_metrics.merge_metrics(summed, m)
+    loss_terms = {k: summed.pop(k) for k in ("loss/policy", "loss/value") if k in summed}
+    out = rl_metrics.finalize_metrics(summed)
+    out.update(loss_terms)
+    self.state, norms = self._apply(self.state, grads)
+    out.update(norms)
+    return out
 
   def logprobs(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Teacher-forced (logp, entropy) ``[B, T]`` aligned with tokens, current parameters."""

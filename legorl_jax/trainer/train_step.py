@@ -201,12 +201,16 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
 
   grad_fn = jax.grad(micro_loss, has_aux=True)
 
-  def train_step(state: TrainState, batch: Batch, frozen: Params | None = None,
-                 scored_cap: int | None = None, shared_prefix: tuple[int, int] | None = None):
+  def batch_grads(state: TrainState, batch: Batch, frozen: Params | None = None,
+                  scored_cap: int | None = None, shared_prefix: tuple[int, int] | None = None,
+                  denominators: tuple[jax.Array, jax.Array] | None = None):
+    """(grads, summed metrics) of ``batch``'s loss sums over ``denominators`` (default: the
+    batch's own, ``loss_denominators``). With the denominators of several batches added, the
+    grads of the batches add up to the grad of their global mean (``apply_grads`` once)."""
     frozen = {} if frozen is None else frozen
-    sb_all = shifted(batch)
-    d_pol, d_val = loss_denominators(sb_all, cfg)
-    d_pol, d_val = jnp.maximum(d_pol, 1e-8), jnp.maximum(d_val, 1e-8)
+    if denominators is None:
+      denominators = loss_denominators(shifted(batch), cfg)
+    d_pol, d_val = (jnp.maximum(d, 1e-8) for d in denominators)
     trainable = state.trainable()
     ref_params = state.ref_params
     micro = _split_micro(batch, n_micro)
@@ -226,20 +230,32 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
       (grads, metrics), _ = jax.lax.scan(body, (g0, m0), rest)
     else:
       grads, metrics = g0, m0
+    metrics["loss/policy"] = metrics.pop("pg_objective_sum") / d_pol
+    vl = metrics.pop("vf_loss_total", None)
+    if vl is not None:
+      metrics["loss/value"] = vl / d_val
+    return grads, metrics
+
+  def apply_grads(state: TrainState, grads):
+    """One optimizer update with ``grads``; (new state, grad and parameter norms)."""
+    trainable = state.trainable()
     updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
     new = optax.apply_updates(trainable, updates)
-    pg = metrics.pop("pg_objective_sum")
-    vl = metrics.pop("vf_loss_total", None)
+    norms = {"grad_norm": optax.global_norm(grads), "param_norm": optax.global_norm(new["policy"])}
+    return state.replace(step=state.step + 1, params=new["policy"],
+                         value_head=new["value_head"], opt_state=opt_state), norms
+
+  def train_step(state: TrainState, batch: Batch, frozen: Params | None = None,
+                 scored_cap: int | None = None, shared_prefix: tuple[int, int] | None = None):
+    grads, metrics = batch_grads(state, batch, frozen, scored_cap, shared_prefix)
+    loss_terms = {k: metrics.pop(k) for k in ("loss/policy", "loss/value") if k in metrics}
     out = rl_metrics.finalize_metrics(metrics)
-    out["loss/policy"] = pg / d_pol
-    if vl is not None:
-      out["loss/value"] = vl / d_val
-    out["grad_norm"] = optax.global_norm(grads)
-    out["param_norm"] = optax.global_norm(new["policy"])
-    new_state = state.replace(step=state.step + 1, params=new["policy"],
-                              value_head=new["value_head"], opt_state=opt_state)
+    out.update(loss_terms)
+    new_state, norms = apply_grads(state, grads)
+    out.update(norms)
     return new_state, out
 
+  train_step.batch_grads, train_step.apply_grads = batch_grads, apply_grads
   return train_step
 
 
