@@ -62,6 +62,10 @@ def curves(metrics: list[dict]) -> dict[str, dict[str, list[tuple[float, float]]
                      "held-out (sampled)": pick(ev, "solve_rate"),
                      "held-out (greedy)": pick(ev, "greedy_solve_rate")},
       "Policy loss": {"loss/policy": pick(train, "loss/policy")},
+      "Learning signal": {"zero-variance groups": pick(train, "groups_zero_variance_frac"),
+                          "clip fraction": pick(train, "clip_high_frac"),
+                          "approx KL (k3)": pick(train, "approx_kl_k3")},
+      "Completion tokens": {"mean per trial": pick(train, "completion_tokens_mean")},
       "Entropy": {"entropy": pick(train, "entropy")},
       "Sampler vs learner |dlogp|": {"mean": pick(train, "rollout_abs_dlogp"),
                                      "max": pick(train, "rollout_abs_dlogp_max")},
@@ -70,10 +74,19 @@ def curves(metrics: list[dict]) -> dict[str, dict[str, list[tuple[float, float]]
   }
 
 
+_CURVES_SVG = ("Solve rate", "Learning signal", "Entropy", "Completion tokens")
+
+
 def write_curves(workdir: str) -> str:
-  """Writes ``workdir/curves.svg`` (solve-rate chart) and returns its path."""
+  """Writes ``workdir/curves.svg`` (solve rate, then the per-step learning-signal charts:
+  zero-variance groups, clip fraction, approximate KL; entropy; completion length) and returns
+  its path."""
   charts = curves(read_metrics(workdir))
-  svg = line_chart_svg(charts["Solve rate"], "Solve rate", y_range=(0.0, 1.0))
+  w, h = 560, 260
+  parts = [line_chart_svg(charts[t], t, y_range=(0.0, 1.0) if t == "Solve rate" else None)
+           .replace("<svg ", f'<svg x="0" y="{i * h}" ', 1) for i, t in enumerate(_CURVES_SVG)]
+  svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h * len(parts)}">'
+         + "".join(parts) + "</svg>")
   path = paths.join(workdir, "curves.svg")
   paths.write_text(path, svg)
   return path

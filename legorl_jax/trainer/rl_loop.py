@@ -76,6 +76,15 @@ def grouped_then_plain(seqs, cfg) -> tuple[list[dict[str, np.ndarray]], collecti
   return grouped + plain, stats
 
 
+def _zero_variance_frac(rewards: np.ndarray, valid: np.ndarray) -> float:
+  """Fraction of groups (with any valid trial) whose valid rewards are all equal."""
+  flat = []
+  for r, v in zip(np.asarray(rewards), np.asarray(valid, bool)):
+    if v.any():
+      flat.append(float(np.ptp(r[v]) == 0))
+  return float(np.mean(flat)) if flat else 0.0
+
+
 def build_batches(results: Sequence[TrialResult], cfg, current_version: int
                   ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
   """Filters, group advantages and batching for one update. Returns (batches, metrics)."""
@@ -102,6 +111,10 @@ def build_batches(results: Sequence[TrialResult], cfg, current_version: int
   valid = grouped.valid
   metrics = {
       "reward_mean": float(grouped.rewards[valid].mean()) if valid.any() else 0.0,
+      # Groups whose valid trials all scored alike carry no group-relative signal.
+      "groups_zero_variance_frac": _zero_variance_frac(grouped.rewards, valid),
+      "completion_tokens_mean": float(np.mean([r.sampled_tokens for r in results]))
+                                if results else 0.0,
       "trials_valid": float(valid.sum()),
       "trials_in_loss": float(mask.sum()),
       "groups_in_loss": float((mask.sum(1) > 0).sum()),
