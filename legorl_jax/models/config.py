@@ -116,9 +116,9 @@ class ModelConfig:
 
   @property
   def route_dtype(self):
-    """Smallest signed integer dtype holding an expert index: int8 up to 127 experts."""
-    return jnp.int8 if self.num_experts <= 127 else (
-        jnp.int16 if self.num_experts <= 32767 else jnp.int32)
+    """Smallest signed integer dtype holding an expert id (0 .. E-1): int8 up to 128 experts."""
+    return jnp.int8 if self.num_experts <= 128 else (
+        jnp.int16 if self.num_experts <= 32768 else jnp.int32)
 
   @property
   def compute_dtype(self):
@@ -178,6 +178,11 @@ PRESETS: dict[str, ModelConfig] = {
                           original_max_position_embeddings=8192),
         rms_norm_eps=1e-5, qkv_bias=False, qk_norm=False, tie_word_embeddings=True,
         max_position_embeddings=131072, bos_token_id=128000, eos_token_id=128009),
+    # Qwen3-30B-A3B (and Qwen3-Coder-30B-A3B's shape): 48 sparse layers, 128 experts, top-8.
+    "qwen3-30b-a3b": ModelConfig(
+        **{**_QWEN3, "architecture": "qwen3_moe"}, hidden_size=2048, intermediate_size=6144,
+        num_layers=48, num_heads=32, num_kv_heads=4, tie_word_embeddings=False, num_experts=128,
+        num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
     # SmolLM2-135M-Instruct's shape (weights: models.pretrained "smollm2-135m-instruct").
     "smollm2-135m": ModelConfig(
         architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,

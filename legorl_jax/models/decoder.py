@@ -297,7 +297,7 @@ class RouteInfo(NamedTuple):
   """Routing of a mixture-of-experts forward.
 
   experts: int32 [B, T, L_moe, k], the selected experts of each token in each sparse layer
-    (replayed ones when given). Stored compactly as ``config.route_dtype`` (int8 up to 127
+    (replayed ones when given). Stored compactly as ``config.route_dtype`` (int8 up to 128
     experts): ``L_moe * k`` bytes per token, 384 B for Qwen3-30B-A3B (48 layers, top-8).
   aux_loss: f32 scalar, the load-balancing loss averaged over sparse layers (valid tokens only).
   """

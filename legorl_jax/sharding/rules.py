@@ -15,7 +15,7 @@ from legorl_jax import errors
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", ("data", "fsdp", "expert")),
     ("vocab", "tensor"),
-    ("embed", "fsdp"),
+    ("embed", ("fsdp", "expert")),
     ("mlp", "tensor"),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
@@ -24,7 +24,9 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("seq", None),
     # Mixture of experts: stacked expert kernels [E, ...] shard E over the 'expert' mesh axis
     # (expert parallel; the axis also splits the batch, so it composes with data/fsdp/tensor);
-    # the router's [D, E] output axis stays whole on every device.
+    # the router's [D, E] output axis stays whole on every device. Other parameters' embed axis
+    # shards over fsdp x expert (ZeRO over both); in an expert kernel, 'expert' is already
+    # taken by E, so its embed axis shards over fsdp alone.
     ("experts", "expert"),
     ("router", None),
 )

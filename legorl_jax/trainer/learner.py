@@ -102,7 +102,8 @@ class Learner:
     self.frozen = frozen  # never donated, never checkpointed: rebuilt from the base model
     self._logprob = jax.jit(ts.make_logprob_fn(
         self.model_def, temperature=float(cfg.loss.get("temperature", 1.0)),
-        impl=cfg.trainer.get("logprob_impl", None), plan=self.plan),
+        impl=cfg.trainer.get("logprob_impl", None), plan=self.plan,
+        routing_replay=bool(cfg.trainer.get("routing_replay", False))),
         static_argnames=("shared_prefix",), compiler_options=self.compiler_options)
     self._trunk = jax.jit(ts.make_trunk_fn(self.model_def, self.plan),
                           static_argnames=("shared_prefix",), compiler_options=self.compiler_options)

@@ -5,8 +5,12 @@ A device batch holds ``[B, T]`` arrays aligned with token ids (entry ``t`` descr
 ``t``): ``input_ids`` int32, ``positions`` int32, ``segment_ids`` int32 (0 = padding; several
 sequences may share a row), ``loss_mask`` f32 (1 on sampled tokens), ``advantages`` f32,
 ``rollout_logp`` f32 (recorded by the sampler), optionally ``old_logp`` f32 (learner at
-rollout time), ``returns`` / ``old_values`` f32 (PPO critic). Token ``t+1`` is predicted from
-position ``t``; a prediction across a segment boundary is never scored.
+rollout time), ``returns`` / ``old_values`` f32 (PPO critic), and for mixture-of-experts
+policies optionally ``routed_experts`` int8/int16/int32 ``[B, T, L_moe, k]`` (the experts the
+sampler selected for every token, prompt tokens included: the prefill records them), used
+instead of recomputing top-k when ``trainer.routing_replay`` is true (rollout routing replay).
+Token ``t+1`` is predicted from position ``t``; a prediction across a segment boundary is never
+scored.
 """
 
 from __future__ import annotations
@@ -32,6 +36,19 @@ REQUIRED_KEYS = ("input_ids", "positions", "segment_ids", "loss_mask", "advantag
 # Optional f32 [B, T, D]: the frozen trunk's output for the batch (``make_trunk_fn``); the step
 # then runs only the trained blocks and the head.
 TRUNK_KEY = "trunk"
+ROUTES_KEY = "routed_experts"
+
+
+def replay_batch(batch: Batch, routing_replay: bool) -> Batch:
+  """The batch the forward sees: without replay the recorded routes are dropped (top-k is
+  recomputed); with it they must be there."""
+  if not routing_replay:
+    return {k: v for k, v in batch.items() if k != ROUTES_KEY}
+  if batch.get(ROUTES_KEY) is None:
+    raise errors.TrainerError(
+        f"trainer.routing_replay=True but the batch has no {ROUTES_KEY!r} [B, T, L_moe, k]; "
+        f"record routes in the sampler (return_routes) or set trainer.routing_replay=False.")
+  return batch
 
 
 def _within_segment(segment_ids: jax.Array) -> jax.Array:
@@ -79,7 +96,14 @@ def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, tempe
   Returns ``(logp [B, T-1], entropy [B, T-1], values [B, T-1] or None)`` in float32.
   """
   model = model_def.merge(params)
-  if trunk is None:
+  routes = batch.get(ROUTES_KEY)
+  if routes is not None and trunk is not None:
+    raise errors.ConfigError("trainer.routing_replay does not combine with sft.trunk_cache / "
+                             "a frozen-trunk batch; turn one of them off.")
+  if routes is not None:
+    hidden, _ = model.hidden_routed(batch["input_ids"], batch["positions"], batch["segment_ids"],
+                                    experts=routes, shared_prefix=shared_prefix)
+  elif trunk is None:
     hidden = model.hidden(batch["input_ids"], batch["positions"], batch["segment_ids"],
                           shared_prefix=shared_prefix)
   else:
@@ -158,7 +182,8 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
 
   ``cfg`` fields: ``loss.name`` (a key of ``rl.POLICY_LOSSES``), the ``rl.LossConfig`` knobs under
   ``loss``, ``loss.temperature`` (the sampling temperature), ``loss.vf_coef``,
-  ``loss.vf_clip``, ``trainer.micro_batches``, ``trainer.logprob_impl``, ``trainer.trainable``.
+  ``loss.vf_clip``, ``trainer.micro_batches``, ``trainer.logprob_impl``, ``trainer.trainable``,
+  ``trainer.routing_replay`` (use the batch's ``routed_experts``; default False).
   """
   loss_name = cfg.loss.name
   if loss_name not in rl_losses.POLICY_LOSSES:
@@ -172,6 +197,7 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
   if plan is None:
     plan = trainable_lib.plan_for(cfg.trainer, model_def.shapes())
   trunk_layer = plan.lowest_trained_layer(model_def.shapes())
+  routing_replay = bool(cfg.trainer.get("routing_replay", False))
 
   def micro_loss(trainable, mb, frozen, ref_params, d_pol, d_val, scored_cap, shared_prefix):
     params = plan.forward_params(frozen, trainable["policy"])
@@ -208,6 +234,7 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
     batch's own, ``loss_denominators``). With the denominators of several batches added, the
     grads of the batches add up to the grad of their global mean (``apply_grads`` once)."""
     frozen = {} if frozen is None else frozen
+    batch = replay_batch(batch, routing_replay)
     if denominators is None:
       denominators = loss_denominators(shifted(batch), cfg)
     d_pol, d_val = (jnp.maximum(d, 1e-8) for d in denominators)
@@ -276,14 +303,16 @@ def make_trunk_fn(model_def: ModelDef, plan: trainable_lib.Plan):
 
 
 def make_logprob_fn(model_def: ModelDef, *, temperature: float, impl: str | None = None,
-                    plan: trainable_lib.Plan | None = None):
+                    plan: trainable_lib.Plan | None = None, routing_replay: bool = False):
   """``fn(params, batch, shared_prefix=None) -> (logp [B, T], entropy [B, T])`` aligned with
   tokens (column 0 is 0), for old/reference logprobs and sampler-vs-learner agreement checks.
 
   With ``plan``, ``fn(trainable, frozen, batch, shared_prefix=None)``: the policy of
-  ``plan.forward_params(frozen, trainable)``."""
+  ``plan.forward_params(frozen, trainable)``. ``routing_replay``: use the batch's
+  ``routed_experts`` (``replay_batch``)."""
 
   def full(params, batch, shared_prefix=None):
+    batch = replay_batch(batch, routing_replay)
     logp, ent, _ = forward_logprobs(model_def, params, batch, temperature=temperature, impl=impl,
                                     shared_prefix=shared_prefix)
     pad = jnp.zeros((logp.shape[0], 1), jnp.float32)
