@@ -139,7 +139,9 @@ def _with(cfg, **sections):
 def sft_config(cfg):
   """The learner config of the SFT phase: token NLL (REINFORCE at advantage 1), SFT optimizer.
   ``trainer.trainable`` (and the LoRA settings) carry over: the same parameters train in SFT
-  and RL, and RL continues from the SFT phase's trainables (``Learner.with_config``)."""
+  and RL, and RL continues from the SFT phase's trainables (``Learner.with_config``).
+  ``loss.temperature`` carries over too, on purpose: SFT fits softmax(z / T) to the
+  demonstrations, so the policy RL samples from at T is the one the demonstrations shaped."""
   return _with(cfg, loss={"name": "reinforce", "is_correction": "none", "kl_coef": 0.0,
                           "entropy_coef": 0.0},
                optim={"learning_rate": float(cfg.sft.learning_rate), "schedule": "constant",

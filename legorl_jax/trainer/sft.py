@@ -59,9 +59,11 @@ def load_demonstrations(path: str) -> list[dict]:
 def imitation_check(learner, demos: Sequence[dict], cfg) -> dict[str, float]:
   """How well the policy reproduces demonstrations it was not trained on.
 
-  ``greedy_exact``: fraction of demonstrations whose every sampled token has probability > 1/2,
-  so greedy decoding reproduces them exactly; ``p_exact``: mean probability that sampling at
-  temperature 1 reproduces one exactly; ``nll``: token NLL. On renamed task variants this says
+  Probabilities are the learner's, at ``loss.temperature`` (the temperature rollouts sample
+  at, which SFT also fits: see ``pipeline.sft_config``). ``greedy_exact``: fraction of
+  demonstrations whose every token has probability > 1/2 (so it is the argmax, and greedy
+  decoding reproduces them exactly); ``p_exact``: mean probability that sampling at
+  ``loss.temperature`` reproduces one exactly; ``nll``: token NLL at that temperature. On renamed task variants this says
   whether the policy copies names from the prompt (what transfers to new tasks), as opposed to
   recalling training tasks.
   """
