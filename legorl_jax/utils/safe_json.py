@@ -6,8 +6,7 @@ Why not ``json.loads`` directly: CPython's decoder recurses once per nesting lev
 stack already is (the aiohttp handler, a worker thread, a test runner). ``loads`` bounds the
 nesting *before* decoding, with a scan that does not recurse, so the outcome depends only on the
 text. It also refuses what would otherwise turn into surprises later: integers with more digits
-than any real field has, floats that overflow to infinity, and the non-standard ``NaN`` /
-``Infinity`` constants. Every refusal is one ``errors.InvalidJSONError`` (a ``ValueError``)
+than any real field has and floats that overflow to infinity. Every refusal is one ``errors.InvalidJSONError`` (a ``ValueError``)
 whose message names the problem; HTTP layers answer it with a 400.
 """
 
@@ -71,16 +70,13 @@ def _parse_float(s: str) -> float:
   return v
 
 
-def _parse_constant(s: str):
-  raise InvalidJSONError(f"{s} is not valid JSON (use null or a finite number)")
-
-
 def loads(data: str | bytes | bytearray, *, what: str = "JSON input",
           max_depth: int = MAX_DEPTH) -> Any:
   """Parses ``data`` as JSON, or raises ``InvalidJSONError`` naming ``what`` and the problem.
 
   Refused: text that is not UTF-8, not JSON, nested deeper than ``max_depth``, integers longer
-  than ``MAX_INT_DIGITS`` digits, numbers that overflow a float, ``NaN``/``Infinity``.
+  than ``MAX_INT_DIGITS`` digits, numbers that overflow a float. ``NaN``/``Infinity`` parse as
+  the stdlib does, so the field validators downstream name the field they do not fit.
   """
   if isinstance(data, (bytes, bytearray)):
     try:
@@ -91,8 +87,7 @@ def loads(data: str | bytes | bytearray, *, what: str = "JSON input",
   if depth > max_depth:
     raise InvalidJSONError(f"{what} nests {depth} levels deep; at most {max_depth} are accepted")
   try:
-    return json.loads(data, parse_int=_parse_int, parse_float=_parse_float,
-                      parse_constant=_parse_constant)
+    return json.loads(data, parse_int=_parse_int, parse_float=_parse_float)
   except _LongInteger as e:
     raise InvalidJSONError(f"{what}: {_long_integer_error(data, e.digits)}") from None
   except InvalidJSONError as e:

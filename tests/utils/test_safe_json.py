@@ -87,9 +87,8 @@ def test_numbers_and_constants():
     safe_json.loads("[" + "9" * 65 + "]")
   with pytest.raises(InvalidJSONError, match="overflows"):
     safe_json.loads("[1e400]")
-  for const in ("NaN", "Infinity", "-Infinity"):
-    with pytest.raises(InvalidJSONError, match="not valid JSON"):
-      safe_json.loads(f'{{"a": {const}}}')
+  # NaN / Infinity parse as in the stdlib: the validators that read a field name it.
+  assert safe_json.loads('{"a": NaN}')["a"] != safe_json.loads('{"a": NaN}')["a"]
 
 
 def test_invalid_text_names_the_problem():
