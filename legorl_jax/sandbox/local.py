@@ -9,8 +9,9 @@ gets its own unprivileged uid, so the process limit is per sandbox and its files
 unwritable to anything else. On timeout the whole process group is killed; because bwrap
 is the namespace's init, every process in it dies too.
 
-Without bwrap the sandbox runs commands directly in the copied repository (a loudly
-logged weaker mode: no network or filesystem isolation), unless ``require_isolation``.
+Without bwrap the sandbox runs commands directly in the copied repository (the weaker mode,
+warned about once per process: no network or filesystem isolation), unless
+``require_isolation``.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from legorl_jax.errors import SandboxError, TaskError
 from legorl_jax.sandbox import base, diff as diff_lib
 from legorl_jax.tasks import repo as repo_lib
 from legorl_jax.tasks.schema import Task
+from legorl_jax.utils import log_once
 
 log = logging.getLogger(__name__)
+WEAKER_MODE_KEY = "sandbox.local.weaker_mode"  # the once-per-process warning (utils.log_once)
 
 MARKER = "legorl_sandbox.json"
 _UID_BASE, _UID_SPAN = 200000, 60000
@@ -181,8 +184,10 @@ class LocalSandbox(base.Sandbox):
       if config.require_isolation:
         raise SandboxError("bubblewrap (bwrap) is not installed; `apt-get install -y bubblewrap`, "
                            "or set require_isolation=False to accept the weaker mode")
-      log.warning("bubblewrap not found: local sandbox %s runs WITHOUT network or filesystem "
-                  "isolation (weaker mode); install bubblewrap for real isolation", self.id)
+      log_once.warning(log, WEAKER_MODE_KEY, "bubblewrap not found: local sandboxes in this "
+                       "process run WITHOUT network or filesystem isolation (weaker mode); "
+                       "install bubblewrap for real isolation")
+      log.debug("local sandbox %s runs in the weaker mode", self.id)
     self.isolated = self.bwrap is not None
     self.uid = _allocate_uid() if os.geteuid() == 0 else None
     self.root = os.path.join(self.base_dir, self.id)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 
 import jax.numpy as jnp
@@ -26,10 +27,12 @@ import numpy as np
 
 from legorl_jax import errors
 from legorl_jax.harnesses import registry as harness_registry
+from legorl_jax.metrics.progress import PhaseProgress
 from legorl_jax.metrics.writer import MetricsWriter
 from legorl_jax.models import create_model, from_pretrained, get_preset, save_pretrained
 from legorl_jax.models import tokenizer as tok_lib
 from legorl_jax.proxy.service import derive_seed
+from legorl_jax.rewards import status as st
 from legorl_jax.rollout.runner import TrialJob, run_trials
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sandbox import SandboxConfig
@@ -180,7 +183,7 @@ def evaluate_held_out(service, tasks, extra_sets, adapter, trial_cfg, cfg, out_d
     if cfg.eval.greedy:
       parts.append((i, 1, "greedy", 0.0, os.path.join(d, "greedy")))
   results = _eval_pool([(sets[i][1], adapter, k, service.proxy(name, temp), d)
-                        for i, k, name, temp, d in parts], trial_cfg, cfg, out_dir)
+                        for i, k, name, temp, d in parts], trial_cfg, cfg, out_dir, label=phase)
   out: dict = {}
   for (i, k, name, temp, _), res in zip(parts, results):
     mode, _, _, set_phase = sets[i]
@@ -210,11 +213,11 @@ def _eval_seed(cfg, task, sample: int) -> int:
   return derive_seed("eval", int(cfg.seed), task.id, sample)
 
 
-def _eval_pool(parts, trial_cfg, cfg, out_dir) -> list[list]:
+def _eval_pool(parts, trial_cfg, cfg, out_dir, label: str = "eval") -> list[list]:
   """One ``run_trials`` pool for ``parts``, each ``(tasks, adapter, samples, proxy,
   directory)``: ``samples`` trials of each task in this host's share, through ``proxy``, into
   ``directory`` (group ids: the tasks' positions in their part). Returns every host's results
-  of each part, in job order."""
+  of each part, in job order. Prints ``label``'s progress (n/N trials, ETA) as trials end."""
   jobs, owner = [], []
   for i, (tasks, adapter, n, proxy, part_dir) in enumerate(parts):
     for g in distributed.host_share(len(tasks)):
@@ -222,8 +225,17 @@ def _eval_pool(parts, trial_cfg, cfg, out_dir) -> list[list]:
         jobs.append(TrialJob(tasks[g], adapter, group=g, seed=_eval_seed(cfg, tasks[g], s),
                              proxy=proxy, out_dir=part_dir))
         owner.append(i)
+  progress = PhaseProgress(label, len(jobs), unit="trials", every=max(1, len(jobs) // 10))
+  solved, lock = [0], threading.Lock()
+
+  def on_result(r):  # on the trial's worker thread
+    with lock:
+      solved[0] += r.status == st.SOLVED
+      progress.step(f"solved {solved[0]}")
+
   res = run_trials(jobs, None, trial_cfg, out_dir, concurrency=int(cfg.rollout.concurrency),
-                   max_retries=int(cfg.rollout.max_retries))
+                   max_retries=int(cfg.rollout.max_retries), on_result=on_result)
+  progress.finish(f"solved {solved[0]}")
   return [multihost.gather_results([r for r, o in zip(res, owner) if o == i])
           for i in range(len(parts))]
 
@@ -308,14 +320,17 @@ def run(cfg, workdir: str) -> dict:
       else:
         n_demo_tasks = int(cfg.sft.num_demos) + n_check
         demo_tasks = (train_tasks or loader.next_batch(n_demo_tasks))[:n_demo_tasks]
+        demo_progress = PhaseProgress("demonstrations", len(demo_tasks), unit="scripted trials")
         demos = _collect_demos(demo_tasks, adapter_for, tokenizer, trial_cfg,
                                distributed.host_local_dir(workdir, "sft_demos"), sockets, cfg)
+        demo_progress.finish(f"{len(demos)} solved demonstrations", done=len(demo_tasks))
       # The last ``check_demos`` demonstrations are held out of SFT: the imitation check runs on them.
       check_demos = demos[-n_check:] if 0 < n_check < len(demos) else []
       demos = demos[:len(demos) - len(check_demos)]
       t_demo = time.perf_counter() - t0
       sft_cfg = sft_config(cfg)
       sft_learner = learner.with_config(sft_cfg, seed=int(cfg.seed))
+      sft_progress = PhaseProgress("sft", int(cfg.sft.steps), unit="steps")
 
       def on_step(step, m):
         checked = "check/greedy_exact" in m
@@ -323,7 +338,8 @@ def run(cfg, workdir: str) -> dict:
           writer.write(step, m, phase="sft")
           check = (f" | held-out demos: greedy exact {m['check/greedy_exact']:.2f}, "
                    f"p(exact) {m['check/p_exact']:.3f}, nll {m['check/nll']:.3f}") if checked else ""
-          print(f"[sft {step:4d}] nll {m['nll']:.4f} ({m['learner_tokens_per_s']:.0f} tok/s){check}", flush=True)
+          sft_progress.step(f"nll {m['nll']:.4f} ({m['learner_tokens_per_s']:.0f} tok/s){check}",
+                            done=step + 1, force=True)
 
       stop_at = cfg.sft.get("stop_at_greedy_exact", None)
       last = sft_lib.run_sft(_sft_target(sft_learner), demos, sft_cfg, steps=int(cfg.sft.steps),
@@ -331,6 +347,7 @@ def run(cfg, workdir: str) -> dict:
                              check_every=int(cfg.sft.get("check_every", 50)),
                              stop_at_greedy_exact=None if stop_at is None else float(stop_at),
                              short_context_steps=int(cfg.sft.get("short_context_steps", 0)))
+      sft_progress.finish(f"final nll {last.get('nll', float('nan')):.4f}")
       learner = sft_learner.with_config(rl_cfg, seed=int(cfg.seed))
       # The warm-started policy as a Hugging Face checkpoint: the starting point of RL, and of
       # the equal-time SFT-continuation baseline (experiments/benchmarks/rl_vs_sft.py).
@@ -438,6 +455,7 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
   producer = rl_loop.AsyncRollouts(source) if cfg.trainer.mode == "async" else None
   t0, cpu0 = time.perf_counter(), cpu_time.process_tree_cpu_s()
   busy = 0.0
+  rl_progress = PhaseProgress("rl", steps, unit="steps", done=host["rl_step"])
   try:
     while host["rl_step"] < steps:
       step = host["rl_step"] + 1
@@ -457,10 +475,10 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
       metrics = {**rl_loop.rollout_metrics(results, wall), **bm, **lm, "params_version": version,
                  "learner_utilisation": busy / max(time.perf_counter() - t0, 1e-9)}
       writer.write(step, metrics, phase="train")
-      print(f"[rl {step:3d}] solve {metrics['solve_rate']:.3f} reward {bm['reward_mean']:.3f} "
-            f"loss {lm.get('loss/policy', float('nan')):.4f} "
-            f"trials/h {metrics['trials_per_hour']:.0f} |dlogp| {lm.get('rollout_abs_dlogp', float('nan')):.2e}",
-            flush=True)
+      rl_progress.step(f"solve {metrics['solve_rate']:.3f} reward {bm['reward_mean']:.3f} "
+                       f"loss {lm.get('loss/policy', float('nan')):.4f} "
+                       f"trials/h {metrics['trials_per_hour']:.0f} "
+                       f"|dlogp| {lm.get('rollout_abs_dlogp', float('nan')):.2e}", done=step, force=True)
       host.update(rl_step=step, loader=position_after, version=version)
       if step % max(1, int(cfg.checkpoint.every)) == 0 or step == steps:
         ckpt.save(step, learner.state, host=host, metrics={"solve_rate": metrics["solve_rate"]})
