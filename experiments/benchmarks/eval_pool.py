@@ -35,7 +35,7 @@ def main():
   from legorl_jax.proxy.service import derive_seed
   from legorl_jax.rollout.trial import TrialConfig
   from legorl_jax.sandbox import SandboxConfig
-  from legorl_jax.trainer import multihost, pipeline, rl_loop
+  from legorl_jax.trainer import eval_stats, multihost, pipeline
   from legorl_jax.trainer.policy_service import PolicyService
 
   cfg = demo.get_config()
@@ -73,14 +73,8 @@ def main():
             os.path.join(work, "four", f"{mode}_{name}"), concurrency=int(cfg.rollout.concurrency),
             max_retries=int(cfg.rollout.max_retries),
             seed_of=lambda g, s, ts=ts: derive_seed("eval", int(cfg.seed), ts[g].id, s))
-        pre = f"{mode}/" if mode else ""
-        if name == "greedy":
-          four[f"{pre}greedy_solve_rate"] = rl_loop.solve_stats(res)["solve_rate"]
-        else:
-          stats = rl_loop.solve_stats(res, k_values=sorted({1, k}))
-          four.update({f"{pre}solve_rate": stats["solve_rate"],
-                       f"{pre}pass@{k}": stats.get(f"pass@{k}", stats["solve_rate"]),
-                       f"{pre}n_trials": stats["n_trials"]})
+        four.update(eval_stats.set_figures(res, greedy=name == "greedy", samples=k,
+                                           prefix=f"{mode}/" if mode else ""))
     four_s = time.perf_counter() - t0
   finally:
     service.close()
@@ -92,8 +86,8 @@ def main():
       "warmup_s": round(warm_s, 1),
       "one_pool": {"wall_s": round(one_s, 1), "s_per_trial": round(one_s / trials, 2)},
       "four_pools": {"wall_s": round(four_s, 1), "s_per_trial": round(four_s / trials, 2)},
-      "ratio_s_per_trial": round(four_s / one_s, 3), "figures_identical": one == four,
-      "figures": one, "load_avg_1m": round(os.getloadavg()[0], 2)}))
+      "ratio_s_per_trial": round(four_s / one_s, 3), "figures_identical": pipeline.scalars(one) == four,
+      "figures": pipeline.scalars(one), "load_avg_1m": round(os.getloadavg()[0], 2)}))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from legorl_jax.sandbox import SandboxConfig
 from legorl_jax.sharding import distributed
 from legorl_jax.taskgen import synthetic
 from legorl_jax.tasks.loader import TaskLoader
-from legorl_jax.trainer import config_check, multihost, rl_loop, sft as sft_lib
+from legorl_jax.trainer import config_check, eval_stats, multihost, rl_loop, sft as sft_lib
 from legorl_jax.trainer.checkpoint import Checkpointer
 from legorl_jax.trainer.learner import Learner
 from legorl_jax.trainer.policy_service import PolicyService
@@ -184,20 +184,21 @@ def evaluate_held_out(service, tasks, extra_sets, adapter, trial_cfg, cfg, out_d
       parts.append((i, 1, "greedy", 0.0, os.path.join(d, "greedy")))
   results = _eval_pool([(sets[i][1], adapter, k, service.proxy(name, temp), d)
                         for i, k, name, temp, d in parts], trial_cfg, cfg, out_dir, label=phase)
-  out: dict = {}
+  out: dict = {"outcomes": {}}
   for (i, k, name, temp, _), res in zip(parts, results):
     mode, _, _, set_phase = sets[i]
     if trials_path:
       rl_loop.append_trials(trials_path, res, step=step, phase=set_phase, temperature=temp)
-    prefix = f"{mode}/" if mode else ""
-    if name == "greedy":
-      out[f"{prefix}greedy_solve_rate"] = rl_loop.solve_stats(res)["solve_rate"]
-    else:
-      stats = rl_loop.solve_stats(res, k_values=sorted({1, k}))
-      out.update({f"{prefix}solve_rate": stats["solve_rate"],
-                  f"{prefix}pass@{k}": stats.get(f"pass@{k}", stats["solve_rate"]),
-                  f"{prefix}n_trials": stats["n_trials"]})
+    out.update(eval_stats.set_figures(res, greedy=name == "greedy", samples=k,
+                                      prefix=f"{mode}/" if mode else ""))
+    if name != "greedy":  # per-task outcomes, for the paired before/after comparison
+      out["outcomes"][mode] = eval_stats.outcomes_by_task(res)
   return out
+
+
+def scalars(figures: dict) -> dict:
+  """An evaluation's figures without its per-task ``outcomes``: what the metrics get."""
+  return {k: v for k, v in figures.items() if k != "outcomes"}
 
 
 def policy_name(cfg) -> str:
@@ -377,10 +378,10 @@ def run(cfg, workdir: str) -> dict:
                                    distributed.host_local_dir(workdir, "eval/before_rl"),
                                    trials_path=trials_path, step=0, phase="eval_before_rl")
         before["eval_s"] = wall["eval_before"] = time.perf_counter() - t0
-        writer.write(0, before, phase="eval")
+        writer.write(0, scalars(before), phase="eval")
         if primary:
           paths.write_text(before_path, json.dumps(before))
-      print(f"[eval before RL] {json.dumps(before)}", flush=True)
+      print(f"[eval before RL] {json.dumps(scalars(before))}", flush=True)
       host.update(phase="rl", before=before)
 
     # -- RL -----------------------------------------------------------------------------------
@@ -397,8 +398,8 @@ def run(cfg, workdir: str) -> dict:
                                 distributed.host_local_dir(workdir, "eval/after_rl"),
                                 trials_path=trials_path, step=host["rl_step"], phase="eval_after_rl")
       wall["eval_after"] = time.perf_counter() - t0
-      writer.write(host["rl_step"], after, phase="eval")
-      print(f"[eval after RL] {json.dumps(after)}", flush=True)
+      writer.write(host["rl_step"], scalars(after), phase="eval")
+      print(f"[eval after RL] {json.dumps(scalars(after))}", flush=True)
   finally:
     service.close()
     ckpt.close()
@@ -406,13 +407,8 @@ def run(cfg, workdir: str) -> dict:
 
   before = host["before"] or {}
   n = int(cfg.eval.samples)
+  summary.update(eval_stats.summary_fields(before, after, tuple(extra_sets), n))
   summary.update({
-      "val_solve_rate_before_rl": before.get("solve_rate"),
-      "val_solve_rate_after_rl": after.get("solve_rate"),
-      "val_greedy_solve_rate_before_rl": before.get("greedy_solve_rate"),
-      "val_greedy_solve_rate_after_rl": after.get("greedy_solve_rate"),
-      f"val_pass@{n}_before_rl": before.get(f"pass@{n}"),
-      f"val_pass@{n}_after_rl": after.get(f"pass@{n}"),
       "val_tasks": len(val_tasks), "eval_samples_per_task": n,
       "rl_steps": host["rl_step"], "mode": cfg.trainer.mode,
       "wall_s": time.perf_counter() - t_start,
@@ -422,10 +418,6 @@ def run(cfg, workdir: str) -> dict:
   })
   for mode, extra in extra_sets.items():
     summary[f"val_{mode}_tasks"] = len(extra)
-    for key, name in (("solve_rate", "solve_rate"), ("greedy_solve_rate", "greedy_solve_rate"),
-                      (f"pass@{n}", f"pass@{n}")):
-      summary[f"val_{mode}_{name}_before_rl"] = before.get(f"{mode}/{key}")
-      summary[f"val_{mode}_{name}_after_rl"] = after.get(f"{mode}/{key}")
   if primary:
     paths.write_text(paths.join(workdir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True))
   return summary
@@ -486,7 +478,7 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
         ev = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
                       distributed.host_local_dir(workdir, f"eval/step_{step}"), trials_path=trials_path,
                       step=step, phase="eval")
-        writer.write(step, ev, phase="eval")
+        writer.write(step, scalars(ev), phase="eval")
   finally:
     if producer is not None:
       producer.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import math
 import os
 import queue
 import threading
@@ -29,31 +28,10 @@ from legorl_jax.trainer import batching
 from legorl_jax.rollout.runner import summarize
 from legorl_jax.rollout.trial import TrialConfig, TrialResult
 from legorl_jax.trainer import config_check, multihost
+from legorl_jax.trainer.eval_stats import pass_at_k, solve_stats  # noqa: F401 -- re-exported
 from legorl_jax.utils import paths
 
 log = logging.getLogger(__name__)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-  """Unbiased pass@k from n samples with c correct (Chen et al. 2021)."""
-  if n - c < k:
-    return 1.0
-  return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
-
-
-def solve_stats(results: Sequence[TrialResult], k_values=(1,)) -> dict[str, float]:
-  """Solve rate over policy outcomes plus pass@k per task."""
-  by_task = collections.defaultdict(list)
-  for r in results:
-    if not st.is_infrastructure(r.status):
-      by_task[r.task_id].append(r.status == st.SOLVED)
-  out = {"solve_rate": float(np.mean([x for v in by_task.values() for x in v])) if by_task else 0.0,
-         "n_tasks": len(by_task), "n_trials": sum(len(v) for v in by_task.values())}
-  for k in k_values:
-    vals = [pass_at_k(len(v), sum(v), k) for v in by_task.values() if len(v) >= k]
-    if vals:
-      out[f"pass@{k}"] = float(np.mean(vals))
-  return out
 
 
 def grouped_then_plain(seqs, cfg) -> tuple[list[dict[str, np.ndarray]], collections.Counter]:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from legorl_jax.trainer import multihost
+from legorl_jax.rewards import status as st
 
 
 def _lines(path):
@@ -65,7 +66,14 @@ def test_one_pool_gives_the_figures_and_trials_of_one_pool_per_set_and_mode(tmp_
         else:
           stats = rl_loop.solve_stats(res, k_values=[1, n])
           want.update({f"{p}solve_rate": stats["solve_rate"], f"{p}pass@{n}": stats[f"pass@{n}"],
-                       f"{p}n_trials": stats["n_trials"]})
+                       f"{p}n_trials": stats["n_trials"],
+                       f"{p}solve_rate_se": stats["solve_rate_se"],
+                       f"{p}n_tasks_mixed": stats["n_tasks_mixed"]})
+          outcomes = {}
+          for r in res:  # policy outcomes per task, in trial order, for the paired comparison
+            if r.status not in st.INFRASTRUCTURE_STATUSES:
+              outcomes.setdefault(r.task_id, []).append(int(r.status == st.SOLVED))
+          want.setdefault("outcomes", {})[mode] = outcomes
         want_trials[(mode, name)] = [(r.task_id, *_trial(r)) for r in res]
     # one pool
     trials = tmp_path / "trials.jsonl"

@@ -1,0 +1,113 @@
+"""Evaluation figures and their uncertainty: solve rate, pass@k, headroom, paired differences.
+
+Trials of one task are not independent draws of the policy's skill (a task is easy or hard for
+every sample), so standard errors here are clustered by task: the standard deviation of the
+per-task solve rates over the square root of the number of tasks. A before/after comparison is
+paired: the same tasks, each sample with the same seed at both evaluations (common random
+numbers), so its standard error is that of the per-task differences.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from legorl_jax.rewards import status as st
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """Unbiased pass@k from n samples with c correct (Chen et al. 2021)."""
+  if n - c < k:
+    return 1.0
+  return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def outcomes_by_task(results: Sequence) -> dict[str, list[int]]:
+  """{task id: [1 solved / 0 not, per policy-outcome trial, in result order]}; infrastructure
+  failures say nothing about the policy and are left out."""
+  by_task: dict[str, list[int]] = collections.OrderedDict()
+  for r in results:
+    if not st.is_infrastructure(r.status):
+      by_task.setdefault(r.task_id, []).append(int(r.status == st.SOLVED))
+  return by_task
+
+
+def task_se(rates: Sequence[float]) -> float:
+  """Standard error of a mean over tasks (ddof=1); 0.0 for fewer than two tasks."""
+  rates = np.asarray(rates, np.float64)
+  return float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0
+
+
+def solve_stats(results: Sequence, k_values=(1,)) -> dict[str, float]:
+  """Solve rate over policy outcomes, its task-clustered standard error, pass@k per task, and
+  headroom: ``n_tasks_mixed``, the tasks solved by some samples and not others (the only ones
+  whose group carries a GRPO signal)."""
+  by_task = outcomes_by_task(results)
+  flat = [x for v in by_task.values() for x in v]
+  out = {"solve_rate": float(np.mean(flat)) if flat else 0.0,
+         "solve_rate_se": task_se([np.mean(v) for v in by_task.values()]),
+         "n_tasks": len(by_task), "n_trials": len(flat),
+         "n_tasks_mixed": sum(1 for v in by_task.values() if 0 < sum(v) < len(v))}
+  for k in k_values:
+    vals = [pass_at_k(len(v), sum(v), k) for v in by_task.values() if len(v) >= k]
+    if vals:
+      out[f"pass@{k}"] = float(np.mean(vals))
+  return out
+
+
+def set_figures(results: Sequence, *, greedy: bool, samples: int, prefix: str = "") -> dict:
+  """The figures one evaluation reports for one held-out set and mode, under ``prefix``
+  (``""`` for the main set, ``"MODE/"`` for another): greedy gives ``greedy_solve_rate``;
+  sampled gives ``solve_rate``, ``solve_rate_se``, ``pass@SAMPLES``, ``n_trials`` and
+  ``n_tasks_mixed``."""
+  if greedy:
+    return {f"{prefix}greedy_solve_rate": solve_stats(results)["solve_rate"]}
+  stats = solve_stats(results, k_values=sorted({1, samples}))
+  return {f"{prefix}solve_rate": stats["solve_rate"],
+          f"{prefix}solve_rate_se": stats["solve_rate_se"],
+          f"{prefix}pass@{samples}": stats.get(f"pass@{samples}", stats["solve_rate"]),
+          f"{prefix}n_trials": stats["n_trials"],
+          f"{prefix}n_tasks_mixed": stats["n_tasks_mixed"]}
+
+
+def paired_difference(before: Mapping[str, Sequence[int]], after: Mapping[str, Sequence[int]]
+                      ) -> dict[str, float]:
+  """after - before on the tasks both evaluated: the difference of solve rates (trials weighted
+  alike), its paired standard error (per-task differences), and ``z`` = difference / SE."""
+  common = [t for t in before if t in after and before[t] and after[t]]
+  if not common:
+    return {"delta": float("nan"), "delta_se": float("nan"), "z": float("nan"), "n_tasks": 0}
+  b = np.array([np.mean(before[t]) for t in common])
+  a = np.array([np.mean(after[t]) for t in common])
+  w = np.array([len(before[t]) for t in common], np.float64)
+  delta = float(np.sum((a - b) * w) / np.sum(w))
+  se = task_se(a - b)
+  return {"delta": delta, "delta_se": se, "z": delta / se if se > 0 else float("nan"),
+          "n_tasks": len(common)}
+
+
+SUMMARY_FIGURES = ("solve_rate", "solve_rate_se", "greedy_solve_rate", "pass@{n}", "n_tasks_mixed")
+
+
+def summary_fields(before: Mapping, after: Mapping, modes: Sequence[str], samples: int) -> dict:
+  """``summary.json``'s evaluation figures: ``val_FIGURE_{before,after}_rl`` for the main set
+  and ``val_MODE_FIGURE_{before,after}_rl`` for each other set (``modes``), with the paired
+  gain of the sampled solve rate: ``val[_MODE]_solve_rate_delta_rl``, ``..._delta_se_rl`` and
+  ``..._delta_z_rl`` (None where either evaluation is missing)."""
+  out = {}
+  for mode in ("", *modes):
+    pre_key, pre_name = (f"{mode}/", f"val_{mode}_") if mode else ("", "val_")
+    for figure in SUMMARY_FIGURES:
+      figure = figure.format(n=samples)
+      out[f"{pre_name}{figure}_before_rl"] = before.get(f"{pre_key}{figure}")
+      out[f"{pre_name}{figure}_after_rl"] = after.get(f"{pre_key}{figure}")
+    b = (before.get("outcomes") or {}).get(mode)
+    a = (after.get("outcomes") or {}).get(mode)
+    paired = paired_difference(b, a) if a and b else {}
+    out[f"{pre_name}solve_rate_delta_rl"] = paired.get("delta")
+    out[f"{pre_name}solve_rate_delta_se_rl"] = paired.get("delta_se")
+    out[f"{pre_name}solve_rate_delta_z_rl"] = paired.get("z")
+  return out
