@@ -23,6 +23,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.tasks.variants = 1          # renamed copies per synthetic training task (1: original names)
   c.tasks.held_out = "templates"  # synthetic validation: unseen "templates" or unseen "names"
   c.tasks.also_held_out = ()      # more held-out sets evaluated beside it, e.g. ("templates",)
+  # Percent of synthetic training bugs kept for RL only (no demonstrations; RL draws only from
+  # them; held-out sets "names_rl" and "names_demo" need it). 0: every bug has demonstrations.
+  c.tasks.rl_bugs_percent = 0
 
   c.harness = ml_collections.ConfigDict()
   c.harness.name = "builtin"
@@ -55,6 +58,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.overlong_buffer = 0
   c.rollout.max_sampled_tokens = 0
   c.rollout.drop_zero_variance = False
+  # Dynamic sampling: up to this many draw rounds per step, until tasks_per_step groups have
+  # mixed rewards (1: one draw of tasks_per_step tasks); draw_tasks per round (0: tasks_per_step).
+  c.rollout.max_draw_rounds = 1
+  c.rollout.draw_tasks = 0
+  # Pass over drawn tasks whose last difficulty_window groups were all solved or all failed,
+  # at most difficulty_max_skips times in a row (trainer.task_filter).
+  c.rollout.difficulty_filter = False
+  c.rollout.difficulty_window = 2
+  c.rollout.difficulty_max_skips = 2
   c.rollout.mask_broken_groups = True
 
   c.advantage = ml_collections.ConfigDict()

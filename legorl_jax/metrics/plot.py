@@ -65,6 +65,8 @@ def curves(metrics: list[dict]) -> dict[str, dict[str, list[tuple[float, float]]
       "Learning signal": {"zero-variance groups": pick(train, "groups_zero_variance_frac"),
                           "clip fraction": pick(train, "clip_high_frac"),
                           "approx KL (k3)": pick(train, "approx_kl_k3")},
+      "KL to the start policy": {"k3": pick(train, "kl_to_start_k3"),
+                                 "k1": pick(train, "kl_to_start_k1")},
       "Completion tokens": {"mean per trial": pick(train, "completion_tokens_mean")},
       "Entropy": {"entropy": pick(train, "entropy")},
       "Sampler vs learner |dlogp|": {"mean": pick(train, "rollout_abs_dlogp"),
@@ -74,12 +76,14 @@ def curves(metrics: list[dict]) -> dict[str, dict[str, list[tuple[float, float]]
   }
 
 
-_CURVES_SVG = ("Solve rate", "Learning signal", "Entropy", "Completion tokens")
+_CURVES_SVG = ("Solve rate", "Learning signal", "KL to the start policy", "Entropy",
+               "Completion tokens")
 
 
 def write_curves(workdir: str) -> str:
   """Writes ``workdir/curves.svg`` (solve rate, then the per-step learning-signal charts:
-  zero-variance groups, clip fraction, approximate KL; entropy; completion length) and returns
+  zero-variance groups, clip fraction, approximate KL per update; KL to the start policy;
+  entropy; completion length) and returns
   its path."""
   charts = curves(read_metrics(workdir))
   w, h = 560, 260

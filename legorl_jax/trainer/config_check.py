@@ -24,6 +24,10 @@ _CHOICES = {
 _POSITIVE = ("rollout.tasks_per_step", "rollout.samples_per_task", "rollout.concurrency",
              "trainer.rows_per_batch", "trainer.micro_batches", "engine.max_batch",
              "engine.max_len", "sampling.max_tokens", "harness.max_turns", "eval.samples")
+# Checked where present (configs written before these knobs existed lack them).
+_POSITIVE_IF_SET = ("rollout.max_draw_rounds", "rollout.difficulty_window")
+_NON_NEGATIVE_IF_SET = ("rollout.draw_tasks", "rollout.difficulty_max_skips",
+                        "tasks.rl_bugs_percent")
 _NON_NEGATIVE = ("trainer.steps", "sft.steps", "rollout.max_retries", "optim.learning_rate",
                  "sampling.temperature", "checkpoint.every", "eval.every")
 
@@ -71,6 +75,12 @@ def validate(cfg) -> None:
   for key in _NON_NEGATIVE:
     if not _number(cfg, key) >= 0:
       raise errors.ConfigError(f"config {key}={_get(cfg, key)!r} must be >= 0.")
+  for keys, ok, words in ((_POSITIVE_IF_SET, lambda v: v > 0, "> 0"),
+                          (_NON_NEGATIVE_IF_SET, lambda v: v >= 0, ">= 0")):
+    for key in keys:
+      section, name = key.split(".")
+      if section in cfg and name in cfg[section] and not ok(_number(cfg, key)):
+        raise errors.ConfigError(f"config {key}={_get(cfg, key)!r} must be {words}.")
   for key in ("loss.temperature", "sampling.temperature"):
     _number(cfg, key)
   compile_options.cpu_library_fusion(cfg.trainer)

@@ -100,18 +100,19 @@ def reduce_batch_metrics(local: dict[str, float], n_updates: int) -> dict[str, f
 def run_shared_trials(tasks: Sequence, adapters: Sequence, samples: int, proxy, trial_cfg,
                       out_dir: str, *, concurrency: int, max_retries: int,
                       on_result: Callable | None = None,
-                      seed_of: Callable[[int, int], int] | None = None) -> list[TrialResult]:
+                      seed_of: Callable[[int, int], int] | None = None,
+                      group_offset: int = 0) -> list[TrialResult]:
   """Runs ``samples`` trials of each task in this host's share; group ids are the tasks'
-  global positions. ``adapters[i]`` is the harness of ``tasks[i]``, or a list of one per
-  sample (chosen on every host for every trial, so a seeded chooser stays in step across
+  global positions plus ``group_offset`` (a step's later draw rounds continue the
+  numbering). ``adapters[i]`` is the harness of ``tasks[i]``, or a list of one per sample (chosen on every host for every trial, so a seeded chooser stays in step across
   hosts). ``seed_of(group, sample)`` seeds each trial's proxy session. Returns this host's
   results, in job order; no collective (safe on a producer thread)."""
   def adapter(g, s):
     a = adapters[g]
     return a[s] if isinstance(a, (list, tuple)) else a
 
-  jobs = [TrialJob(tasks[g], adapter(g, s), group=g,
-                   seed=None if seed_of is None else seed_of(g, s))
+  jobs = [TrialJob(tasks[g], adapter(g, s), group=group_offset + g,
+                   seed=None if seed_of is None else seed_of(group_offset + g, s))
           for g in distributed.host_share(len(tasks)) for s in range(samples)]
   return run_trials(jobs, proxy, trial_cfg, out_dir, concurrency=concurrency,
                     max_retries=max_retries, on_result=on_result)

@@ -37,9 +37,10 @@ from legorl_jax.rollout.runner import TrialJob, run_trials
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sandbox import SandboxConfig
 from legorl_jax.sharding import distributed
-from legorl_jax.taskgen import synthetic
-from legorl_jax.tasks.loader import TaskLoader
 from legorl_jax.trainer import config_check, eval_stats, multihost, rl_loop, sft as sft_lib
+# Re-exported: the experiments and benchmarks take the run's task sets from here.
+from legorl_jax.trainer.task_sets import (HELD_OUT_MODES, extra_held_out_sets,  # noqa: F401
+                                          held_out_tasks, load_tasks)
 from legorl_jax.trainer.checkpoint import Checkpointer
 from legorl_jax.trainer.learner import Learner
 from legorl_jax.trainer.policy_service import PolicyService
@@ -78,56 +79,6 @@ def from_sft_policy(cfg, workdir: str):
   if "pretrained" in cfg.model:
     cfg.model.pretrained = ""
   return cfg
-
-
-HELD_OUT_MODES = ("templates", "names")
-
-
-def held_out_tasks(cfg, mode: str | None = None):
-  """Synthetic validation tasks. ``mode`` (default ``tasks.held_out``): "templates" holds out
-  whole (template, function) pairs; "names" holds out repositories: the training pairs' bugs
-  under names (package, module, variables) that no training task uses, which measures whether
-  the policy reads the repository it is given rather than recalling the ones it trained on."""
-  mode = mode or cfg.tasks.get("held_out", "templates")
-  if mode == "templates":
-    return synthetic.generate_tasks(int(cfg.tasks.num_val), seed=int(cfg.seed),
-                                    difficulty=cfg.tasks.difficulty, split="validation")
-  if mode == "names":
-    return synthetic.generate_tasks(int(cfg.tasks.num_val), seed=int(cfg.seed) + 1,
-                                    difficulty=cfg.tasks.difficulty, split="train", variants=2,
-                                    first_variant=max(1, int(cfg.tasks.get("variants", 1))))
-  raise errors.ConfigError(f"config tasks.held_out={mode!r} is invalid; choose 'templates' or 'names'.")
-
-
-def extra_held_out_sets(cfg) -> dict[str, list]:
-  """The held-out sets evaluated beside the main one (``tasks.also_held_out``, synthetic tasks
-  only), by mode: e.g. a demo that holds out repository names also reports unseen templates."""
-  extra = cfg.tasks.get("also_held_out", ()) or ()
-  if isinstance(extra, str):
-    extra = tuple(x for x in extra.split(",") if x)
-  for mode in extra:
-    if mode not in HELD_OUT_MODES:
-      raise errors.ConfigError(
-          f"config tasks.also_held_out has {mode!r}; each entry must be one of {HELD_OUT_MODES}.")
-  if extra and cfg.tasks.source != "synthetic":
-    raise errors.ConfigError("config tasks.also_held_out needs tasks.source='synthetic'; set it to "
-                             "() for a task dataset (its validation split is the held-out set).")
-  main = cfg.tasks.get("held_out", "templates")
-  return {mode: held_out_tasks(cfg, mode) for mode in extra if mode != main}
-
-
-def load_tasks(cfg):
-  """(train loader, validation tasks)."""
-  if cfg.tasks.source == "synthetic":
-    train = synthetic.generate_tasks(int(cfg.tasks.num_train), seed=int(cfg.seed),
-                                     difficulty=cfg.tasks.difficulty, split="train",
-                                     variants=int(cfg.tasks.get("variants", 1)))
-    val = held_out_tasks(cfg)
-    return TaskLoader(train, seed=int(cfg.seed)), val, train
-  loader = TaskLoader.from_tfds(cfg.tasks.source, "train", seed=int(cfg.seed))
-  val_loader = TaskLoader.from_tfds(cfg.tasks.source, "validation", seed=int(cfg.seed), shuffle=False)
-  val = val_loader.next_batch(min(len(val_loader), int(cfg.tasks.num_val)))
-  return loader, val, None
 
 
 def _with(cfg, **sections):
@@ -437,13 +388,18 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
   local_cfg = cfg if rows == int(cfg.trainer.rows_per_batch) else _with(cfg, trainer={"rows_per_batch": rows})
   update = multihost.update_fn(learner)
   proxy = service.proxy("sample", float(cfg.sampling.temperature))
-  progress = TrialProgress(total=steps * int(cfg.rollout.tasks_per_step) * int(cfg.rollout.samples_per_task),
-                           initial=host["rl_step"] * int(cfg.rollout.tasks_per_step) * int(cfg.rollout.samples_per_task),
+  # Trials a step runs (its first draw round; refill rounds add more).
+  per_step = (int(cfg.rollout.get("draw_tasks", 0) or cfg.rollout.tasks_per_step)
+              if int(cfg.rollout.get("max_draw_rounds", 1)) > 1 else int(cfg.rollout.tasks_per_step))
+  per_step *= int(cfg.rollout.samples_per_task)
+  progress = TrialProgress(total=steps * per_step, initial=host["rl_step"] * per_step,
                            queue_depth=lambda: service.engine.stats().get("queued", 0))
   source = rl_loop.RolloutSource(loader, adapter_for, proxy, trial_cfg, cfg,
                                  distributed.host_local_dir(workdir, "rollouts"), progress=progress.update,
                                  trials_path=trials_path)
   source.next_step = host["rl_step"] + 1
+  source.load_state_dict(host["loader"])  # the loader's position and the difficulty filter's memory
+  probe = rl_loop.KLProbe(os.path.join(distributed.host_local_dir(workdir, "rollouts"), "kl_probe.npz"))
   producer = rl_loop.AsyncRollouts(source) if cfg.trainer.mode == "async" else None
   t0, cpu0 = time.perf_counter(), cpu_time.process_tree_cpu_s()
   busy = 0.0
@@ -451,7 +407,8 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
   try:
     while host["rl_step"] < steps:
       step = host["rl_step"] + 1
-      local, wall, position_after = producer.get() if producer else source.collect()
+      got = producer.get() if producer else source.collect()
+      local, wall, position_after = got.results, got.wall_s, got.position
       results = multihost.gather_results(local)  # every host's records (this host's trajectories)
       wall = max(multihost.gather_objects(wall))
       if trials_path:
@@ -460,11 +417,15 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
       batches = multihost.align_batches(batches, cfg.trainer.buckets, rows)
       bm = multihost.reduce_batch_metrics(bm, len(batches))
       t1 = time.perf_counter()
+      if learner.mesh is None:
+        probe.ensure(learner, batches)
       lm = update(batches) if batches else {}
       # Only what the update changed (trained blocks, or merged LoRA kernels) goes to the sampler.
       version = service.update_params(multihost.local_params(learner.sync_params()))
       busy += time.perf_counter() - t1
-      metrics = {**rl_loop.rollout_metrics(results, wall), **bm, **lm, "params_version": version,
+      kl = probe.measure(learner) if learner.mesh is None else {}
+      metrics = {**rl_loop.rollout_metrics(results, wall), **bm, **lm, **got.metrics, **kl,
+                 "params_version": version,
                  "learner_utilisation": busy / max(time.perf_counter() - t0, 1e-9)}
       writer.write(step, metrics, phase="train")
       rl_progress.step(f"solve {metrics['solve_rate']:.3f} reward {bm['reward_mean']:.3f} "

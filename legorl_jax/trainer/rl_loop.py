@@ -10,8 +10,10 @@ versions old is dropped, and the rest is corrected by TIS/MIS against the record
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -20,6 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from legorl_jax import errors
 from legorl_jax.proxy.service import derive_seed
 from legorl_jax.rl import advantages as adv_lib
 from legorl_jax.rewards import status as st
@@ -27,7 +30,7 @@ from legorl_jax.rollout import filters
 from legorl_jax.trainer import batching
 from legorl_jax.rollout.runner import summarize
 from legorl_jax.rollout.trial import TrialConfig, TrialResult
-from legorl_jax.trainer import config_check, multihost
+from legorl_jax.trainer import config_check, multihost, task_filter
 from legorl_jax.trainer.eval_stats import pass_at_k, solve_stats  # noqa: F401 -- re-exported
 from legorl_jax.utils import paths
 
@@ -141,21 +144,53 @@ def rollout_metrics(results: Sequence[TrialResult], wall_s: float) -> dict[str, 
   return m
 
 
+@dataclasses.dataclass
+class Collected:
+  """One step's rollouts: this host's ``results``, the rollout's wall seconds, the loader
+  ``position`` after the step (with the difficulty filter's state under ``task_filter``: what a
+  resumed run continues from) and the draw's ``metrics`` (rounds, tasks drawn, mixed groups,
+  tasks passed over)."""
+
+  results: list
+  wall_s: float
+  position: dict
+  metrics: dict
+
+
+def _mixed(results: Sequence[TrialResult]) -> dict[int, bool]:
+  """{group: whether its policy-outcome trials' rewards differ} (a GRPO signal)."""
+  by_group = collections.defaultdict(list)
+  for r in results:
+    if not st.is_infrastructure(r.status):
+      by_group[r.group].append(float(r.reward))
+  return {g: len(v) > 1 and max(v) > min(v) for g, v in by_group.items()}
+
+
 class RolloutSource:
   """Produces one step's trial results: ``tasks_per_step`` tasks x ``samples_per_task``.
 
-  Everything random in a step is a function of (``cfg.seed``, step), never of what this
+  Dynamic sampling (``rollout.max_draw_rounds`` > 1): a step draws ``rollout.draw_tasks``
+  tasks (default ``tasks_per_step``), and while fewer than ``tasks_per_step`` of its groups
+  have mixed rewards it draws again (at most that many rounds), sized by the mixed rate seen so
+  far. Every trial of every round is kept and recorded; ``rollout.drop_zero_variance`` then
+  leaves the uniform groups out of the update. The difficulty filter
+  (``rollout.difficulty_filter``, ``task_filter.DifficultyFilter``) passes over drawn tasks
+  whose recent pass rate is 0 or 1.
+
+  Everything random in a step is a function of (``cfg.seed``, step, round), never of what this
   process did before, so a run resumed from a checkpoint samples exactly what an uninterrupted
   one would: the harness of each trial (``adapter_for(task, rng=...)`` with a per-step rng) and
   the sampling seed of each trial's proxy session (``trial_seed``). The tasks come from the
-  loader, whose position is checkpointed.
+  loader, whose position (and the filter's memory) is checkpointed.
 
   A step directory that already exists belongs to a run stopped during that step: it is
   renamed ``step_NNNNN.interrupted[.k]`` and its trials are appended to ``trials_path`` with
-  ``phase="rl_interrupted"`` (``interrupted_records``) before the step runs again.
+  ``phase="rl_interrupted"`` (``interrupted_records``) before the step runs again. Refill
+  rounds write into ``step_NNNNN/round_R``.
 
   With several processes every host draws the same tasks and runs its share of them
-  (``multihost.run_shared_trials``); ``collect`` returns this host's results only."""
+  (``multihost.run_shared_trials``); ``collect`` returns this host's results only. Dynamic
+  sampling and the filter decide from results, so they are single-process only."""
 
   def __init__(self, loader, adapter_for: Callable, proxy, trial_cfg: TrialConfig, cfg,
                out_dir: str, progress=None, trials_path: str | None = None):
@@ -163,16 +198,46 @@ class RolloutSource:
     self.trial_cfg, self.cfg, self.out_dir, self.progress = trial_cfg, cfg, out_dir, progress
     self.trials_path = trials_path
     self.next_step = 1  # the RL step the next collected batch is for (consumed in order)
+    self.max_rounds = max(1, int(cfg.rollout.get("max_draw_rounds", 1)))
+    self.filter = (task_filter.DifficultyFilter(int(cfg.rollout.get("difficulty_window", 2)),
+                                                int(cfg.rollout.get("difficulty_max_skips", 2)))
+                   if cfg.rollout.get("difficulty_filter", False) else None)
+    if (self.max_rounds > 1 or self.filter) and multihost.multi_process():
+      raise errors.ConfigError("config rollout.max_draw_rounds > 1 and rollout.difficulty_filter "
+                               "decide from this host's results, so they are single-process only; "
+                               "set them to 1 / False on a multi-host run.")
 
-  def collect(self) -> tuple[list[TrialResult], float, dict]:
-    """Runs the next step's trials; returns (results, wall seconds, loader position after)."""
+  def load_state_dict(self, position: dict) -> None:
+    """Continues from ``Collected.position`` (the loader's, with the filter's memory)."""
+    self.loader.load_state_dict(position)
+    if self.filter is not None:
+      self.filter.load_state_dict(position.get("task_filter"))
+
+  def _draw(self, n: int, passed: collections.Counter) -> list:
+    """``n`` tasks from the loader; with the filter, drawn tasks it passes over are skipped
+    (at most ``4 n`` draws, then the rest are taken as they come)."""
+    if self.filter is None:
+      return self.loader.next_batch(n)
+    out, draws = [], 0
+    while len(out) < n:
+      task = self.loader.next_batch(1)[0]
+      draws += 1
+      verdict = self.filter.verdict(task) if draws <= 4 * n else "keep"
+      if verdict == "keep":
+        out.append(task)
+      else:
+        self.filter.passed_over(task)
+        passed[verdict] += 1
+    return out
+
+  def collect(self) -> Collected:
+    """Runs the next step's trials (every draw round)."""
     n = int(self.cfg.rollout.samples_per_task)
+    target = int(self.cfg.rollout.tasks_per_step)
+    per_round = int(self.cfg.rollout.get("draw_tasks", 0) or target)
     seed, step = int(self.cfg.seed), self.next_step
-    tasks = self.loader.next_batch(int(self.cfg.rollout.tasks_per_step))
-    position = self.loader.state_dict()  # where a resumed run continues
-    # Every trial's harness, chosen on every host in the same order from the step's rng.
-    rng = np.random.default_rng(derive_seed("harness", seed, step))
-    adapters = [[self.adapter_for(task, rng=rng) for _ in range(n)] for task in tasks]
+    passed = collections.Counter()
+    tasks = self._draw(per_round if self.max_rounds > 1 else target, passed)
     step_dir = os.path.join(self.out_dir, f"step_{step:05d}")
     if os.path.isdir(step_dir):
       cut = interrupted_records(step_dir, tasks)
@@ -182,11 +247,41 @@ class RolloutSource:
         append_records(self.trials_path, cut, step=step, phase="rl_interrupted")
     self.next_step += 1
     t0 = time.perf_counter()
-    results = multihost.run_shared_trials(
-        tasks, adapters, n, self.proxy, self.trial_cfg, step_dir,
-        concurrency=int(self.cfg.rollout.concurrency), max_retries=int(self.cfg.rollout.max_retries),
-        on_result=self.progress, seed_of=lambda g, s: trial_seed(seed, step, g, tasks[g].id, s))
-    return results, time.perf_counter() - t0, position
+    results, drawn, mixed, rounds = [], 0, 0, 0
+    while True:
+      # Every trial's harness, chosen on every host in the same order from the round's rng.
+      rng = np.random.default_rng(derive_seed("harness", seed, step) if rounds == 0
+                                  else derive_seed("harness", seed, step, rounds))
+      adapters = [[self.adapter_for(task, rng=rng) for _ in range(n)] for task in tasks]
+      offset = drawn
+      res = multihost.run_shared_trials(
+          tasks, adapters, n, self.proxy, self.trial_cfg,
+          step_dir if rounds == 0 else os.path.join(step_dir, f"round_{rounds}"),
+          concurrency=int(self.cfg.rollout.concurrency),
+          max_retries=int(self.cfg.rollout.max_retries), on_result=self.progress,
+          seed_of=lambda g, s, o=offset, ts=tasks: trial_seed(seed, step, g, ts[g - o].id, s),
+          group_offset=offset)
+      results += res
+      drawn, rounds = drawn + len(tasks), rounds + 1
+      round_mixed = _mixed(res)
+      mixed += sum(round_mixed.values())
+      if self.filter is not None:
+        for g, task in enumerate(tasks, start=offset):
+          self.filter.record(task, [int(r.status == st.SOLVED) for r in res
+                                    if r.group == g and not st.is_infrastructure(r.status)])
+      if mixed >= target or rounds >= self.max_rounds:
+        break
+      need = target - mixed
+      rate = max(mixed / drawn, 1.0 / n)  # mixed groups per drawn task, so far this step
+      tasks = self._draw(min(per_round, max(need, math.ceil(need / rate))), passed)
+    position = self.loader.state_dict()
+    if self.filter is not None:
+      position["task_filter"] = self.filter.state_dict()
+    metrics = {"draw_rounds": float(rounds), "tasks_drawn": float(drawn),
+               "groups_mixed": float(mixed),
+               "tasks_passed_always_solved": float(passed["always_solved"]),
+               "tasks_passed_never_solved": float(passed["never_solved"])}
+    return Collected(results, time.perf_counter() - t0, position, metrics)
 
 
 def trial_seed(seed: int, step: int, group: int, task_id: str, sample: int) -> int:
@@ -204,7 +299,9 @@ def interrupted_records(step_dir: str, tasks: Sequence) -> list[dict]:
   Attempts that finished keep the record they wrote to the step's ``trials.jsonl``; a trial
   directory without a record was running when the run stopped and is recorded as
   ``harness_error`` (an infrastructure status: never scored, never in a loss) with
-  ``interrupted: true``. Every record gets ``interrupted: true`` and ``dir`` (the new place).
+  ``interrupted: true``. Every record gets ``interrupted: true`` and ``dir`` (the new place:
+  the set-aside directory, or its ``round_R`` for a refill round's trial, whose ``task_id``
+  falls back to the directory name's prefix when ``tasks``, the step's first draw, lacks it).
   """
   dest, k = step_dir + ".interrupted", 1
   while os.path.exists(dest):
@@ -212,27 +309,35 @@ def interrupted_records(step_dir: str, tasks: Sequence) -> list[dict]:
     dest = f"{step_dir}.interrupted.{k}"
   os.rename(step_dir, dest)
   records = []
-  try:
-    with open(os.path.join(dest, "trials.jsonl")) as f:
-      for line in f:
-        try:
-          records.append(json.loads(line))
-        except ValueError:  # the line being written when the process died
-          continue
-  except FileNotFoundError:
-    pass
-  written = {r.get("trial_id") for r in records}
   task_ids = {t.id.replace("/", "_"): t.id for t in tasks}
-  for name in sorted(os.listdir(dest)):
-    if name in written or not os.path.isdir(os.path.join(dest, name)):
-      continue
-    prefix = name.rsplit(".", 1)[0]
-    records.append({"trial_id": name, "task_id": task_ids.get(prefix, prefix),
+  # The step's first draw writes into the step directory, refill rounds into its round_R.
+  rounds = [dest] + [os.path.join(dest, d) for d in sorted(os.listdir(dest))
+                     if d.startswith("round_") and os.path.isdir(os.path.join(dest, d))]
+  for part in rounds:
+    found = []
+    try:
+      with open(os.path.join(part, "trials.jsonl")) as f:
+        for line in f:
+          try:
+            found.append(json.loads(line))
+          except ValueError:  # the line being written when the process died
+            continue
+    except FileNotFoundError:
+      pass
+    written = {r.get("trial_id") for r in found}
+    for name in sorted(os.listdir(part)):
+      if name in written or name.startswith("round_") or not os.path.isdir(os.path.join(part, name)):
+        continue
+      prefix = name.rsplit(".", 1)[0]
+      found.append({"trial_id": name, "task_id": task_ids.get(prefix, prefix),
                     "status": st.HARNESS_ERROR, "reward": 0.0, "final": False,
                     "error": "interrupted: the trainer stopped while this trial ran; the step "
                              "was run again"})
+    for r in found:
+      r["dir"] = part
+    records += found
   for r in records:
-    r.update(interrupted=True, dir=dest)
+    r["interrupted"] = True
   return records
 
 
@@ -276,3 +381,41 @@ class AsyncRollouts:
     except queue.Empty:
       pass
     self._thread.join(timeout=600)
+
+
+class KLProbe:
+  """KL(start policy || current policy), estimated every step on a fixed probe batch.
+
+  The probe is the first RL step's first update batch: tokens the start policy sampled, with
+  its teacher-forced logprobs taken before the first update. On them, with d = log pi_now -
+  log pi_start per sampled token, ``kl_to_start_k1`` = mean(-d) and ``kl_to_start_k3`` =
+  mean(exp(d) - 1 - d) are both estimates of KL(pi_start || pi_now) (k3: never negative, lower
+  variance). One forward pass of one batch per step; the probe is saved beside the run
+  (``path``), so a resumed run keeps measuring from the same start."""
+
+  def __init__(self, path: str):
+    self.path, self.batch, self.start_logp = path, None, None
+    if os.path.exists(path):
+      with np.load(path) as z:
+        self.batch = {k[len("batch/"):]: z[k] for k in z.files if k.startswith("batch/")}
+        self.start_logp = z["start_logp"]
+
+  def ensure(self, learner, batches) -> None:
+    """Takes ``batches[0]`` as the probe when there is none yet (call before the update)."""
+    if self.batch is not None or not batches:
+      return
+    self.batch = dict(batches[0])
+    self.start_logp = learner.logprobs(self.batch)[0]
+    os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+    tmp = self.path + ".tmp.npz"
+    np.savez(tmp, start_logp=self.start_logp, **{f"batch/{k}": v for k, v in self.batch.items()})
+    os.replace(tmp, self.path)
+
+  def measure(self, learner) -> dict[str, float]:
+    if self.batch is None:
+      return {}
+    mask = np.asarray(self.batch["loss_mask"]) > 0
+    if not mask.any():
+      return {}
+    d = (learner.logprobs(self.batch)[0] - self.start_logp)[mask].astype(np.float64)
+    return {"kl_to_start_k1": float(np.mean(-d)), "kl_to_start_k3": float(np.mean(np.expm1(d) - d))}

@@ -21,6 +21,7 @@ import math
 import random
 import signal
 import threading
+from typing import Callable
 
 from legorl_jax.errors import TaskError
 from legorl_jax.sandbox.diff import compute_diff
@@ -278,17 +279,29 @@ def _same_behaviour_variant(t: Template, m: Module, func: str, index: int):
   return out if all(_same(a, b) for a, b in zip(before, after)) else None
 
 
+def bug_key(task: Task) -> str:
+  """The bug a synthetic task injects, the same under every renamed variant: template,
+  function, bug family and line."""
+  x = task.metadata.extra
+  return f"{x['template']}:{x['function']}:{x['family']}:{x['bug_line']}"
+
+
 def generate_tasks(n: int, *, seed: int = 0, difficulty: str = "easy", split: str = "train",
-                   variants: int = 1, first_variant: int = 0) -> list[Task]:
+                   variants: int = 1, first_variant: int = 0,
+                   keep: Callable[[Task], bool] | None = None, subset: str = "") -> list[Task]:
   """``n`` distinct tasks, deterministic in (seed, difficulty, split), families balanced.
 
   Tasks are drawn family by family in a seeded round robin, so rarer bug families are not
-  swamped by frequent ones. Raises TaskError when the pool has fewer than ``n`` tasks.
+  swamped by frequent ones. ``keep`` restricts the pool first (``subset`` names it in the
+  error). Raises TaskError when the pool has fewer than ``n`` tasks.
   """
   pool = generate_task_pool(difficulty, split, variants, first_variant)
+  if keep is not None:
+    pool = [t for t in pool if keep(t)]
   if n > len(pool):
-    raise TaskError(f"only {len(pool)} distinct {difficulty}/{split} synthetic tasks exist with "
-                    f"variants={variants}; asked for {n} (raise variants or ask for fewer)")
+    raise TaskError(f"only {len(pool)} distinct {difficulty}/{split}{subset} synthetic tasks "
+                    f"exist with variants={variants}; asked for {n} (raise variants or ask for "
+                    "fewer)")
   rng = random.Random(f"{seed}:{difficulty}:{split}")
   by_family: dict[str, list[Task]] = {}
   for task in pool:
