@@ -17,6 +17,7 @@ from legorl_jax import errors  # noqa: E402
 from legorl_jax.models import from_pretrained, get_preset, hf_config, save_pretrained  # noqa: E402
 from legorl_jax.models.hf_io import load_config  # noqa: E402
 from legorl_jax.sharding import make_mesh, state_shardings  # noqa: E402
+from tests.models import hf_reference  # noqa: E402
 
 VOCAB = 160
 IDS = np.random.RandomState(0).randint(0, VOCAB, (2, 24)).astype(np.int32)
@@ -38,37 +39,25 @@ HF_CONFIGS = {
 }
 
 
-def _torch_logits(model, ids=IDS):
-  with torch.no_grad():
-    return model(torch.tensor(ids, dtype=torch.long)).logits.float().numpy()
-
-
-def _logits(model, ids=IDS):
-  graphdef, state = nnx.split(model)
-  return np.asarray(jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))(state, jnp.asarray(ids)))
+def _perturb(name, p):
+  """Move norms and biases away from 1 / 0 so they are tested."""
+  if "norm" in name or name.endswith("bias"):
+    p.add_(0.2 * torch.randn_like(p))
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
   """arch -> (checkpoint dir, reference logits [2, 24, V]) of a perturbed random HF model."""
-  cache = {}
+  get = hf_reference.checkpoint_cache(
+      tmp_path_factory, "hf", HF_CONFIGS, IDS, _perturb,
+      save_kwargs=lambda arch: dict(max_shard_size="40KB" if arch == "llama" else "1GB"))
 
-  def get(arch):
-    if arch not in cache:
-      torch.manual_seed(0)
-      model = transformers.AutoModelForCausalLM.from_config(
-          HF_CONFIGS[arch](), attn_implementation="eager").eval()
-      with torch.no_grad():  # Move norms and biases away from 1 / 0 so they are tested.
-        for name, p in model.named_parameters():
-          if "norm" in name or name.endswith("bias"):
-            p.add_(0.2 * torch.randn_like(p))
-      path = tmp_path_factory.mktemp(f"hf_{arch}")
-      model.save_pretrained(path, max_shard_size="40KB" if arch == "llama" else "1GB")
-      assert (path / "model.safetensors.index.json").is_file() == (arch == "llama")
-      cache[arch] = path, _torch_logits(model)
-    return cache[arch]
+  def checked(arch):
+    path, ref = get(arch)
+    assert (path / "model.safetensors.index.json").is_file() == (arch == "llama")
+    return path, ref
 
-  return get
+  return checked
 
 
 ARCHS = pytest.mark.parametrize("arch", sorted(HF_CONFIGS))
@@ -79,7 +68,7 @@ def test_logits_match_transformers(checkpoint, arch):
   path, ref = checkpoint(arch)
   model = from_pretrained(path)
   assert model.embed[...].dtype == jnp.float32
-  assert np.abs(_logits(model) - ref).max() <= 1e-4
+  assert np.abs(hf_reference.jax_logits(model, IDS) - ref).max() <= 1e-4
 
 
 @ARCHS
@@ -95,7 +84,7 @@ def test_round_trip_into_transformers(checkpoint, arch, tmp_path):
   back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
   assert type(back).__name__ == hf_config.ARCHITECTURE_CLASSES[arch]
   assert back.config.tie_word_embeddings == model.config.tie_word_embeddings
-  assert np.abs(_torch_logits(back) - ref).max() <= 1e-5
+  assert np.abs(hf_reference.torch_logits(back, IDS) - ref).max() <= 1e-5
   # Reloading our own output gives bit-identical parameters.
   again = nnx.to_flat_state(nnx.state(from_pretrained(out), nnx.Param))
   first = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
@@ -116,7 +105,7 @@ def test_mesh_load_shards_params(checkpoint):
   assert {s.data.shape for s in q.addressable_shards} == {(32, 32)}  # [64, 64] over 2 x 2
   assert model.embed[...].sharding.spec == P("tensor", "fsdp")
   assert model.lm_head[...].sharding.spec == P("fsdp", "tensor")
-  assert np.abs(_logits(model) - ref).max() <= 1e-4
+  assert np.abs(hf_reference.jax_logits(model, IDS) - ref).max() <= 1e-4
 
 
 def test_save_sharded_model_in_bfloat16(checkpoint, tmp_path):
@@ -139,7 +128,7 @@ def test_bfloat16_load(checkpoint):
   model = from_pretrained(path, dtype=jnp.bfloat16)
   leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
   assert {x.dtype for x in leaves} == {jnp.dtype(jnp.bfloat16)}
-  err = np.abs(_logits(model) - ref).max()
+  err = np.abs(hf_reference.jax_logits(model, IDS) - ref).max()
   assert err <= 0.05 * np.abs(ref).max(), err
 
 

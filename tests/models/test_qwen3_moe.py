@@ -17,6 +17,7 @@ from legorl_jax.models import from_pretrained, get_preset, save_pretrained  # no
 from legorl_jax.models import moe  # noqa: E402
 from legorl_jax.models.build import create_model  # noqa: E402
 from legorl_jax.models.decoder import attend  # noqa: E402
+from tests.models import hf_reference  # noqa: E402
 
 VOCAB = 128
 IDS = np.random.RandomState(0).randint(0, VOCAB, (2, 20)).astype(np.int32)
@@ -37,38 +38,18 @@ HF_CONFIGS = {
 CONFIGS = pytest.mark.parametrize("name", sorted(HF_CONFIGS))
 
 
-def _torch_logits(model, ids=IDS):
-  with torch.no_grad():
-    return model(torch.tensor(ids, dtype=torch.long)).logits.float().numpy()
-
-
-def _logits(model, ids=IDS):
-  graphdef, state = nnx.split(model)
-  return np.asarray(jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))(state, jnp.asarray(ids)))
+def _perturb(name, p):
+  """Norms off 1; the router spread so that top-k is not a near-tie."""
+  if "norm" in name:
+    p.add_(0.2 * torch.randn_like(p))
+  elif name.endswith("mlp.gate.weight"):
+    p.normal_(0.0, 0.5)
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
   """name -> (dir, reference logits) of a random HF Qwen3-MoE with perturbed norms."""
-  cache = {}
-
-  def get(name):
-    if name not in cache:
-      torch.manual_seed(0)
-      model = transformers.AutoModelForCausalLM.from_config(
-          HF_CONFIGS[name](), attn_implementation="eager").eval()
-      with torch.no_grad():
-        for n, p in model.named_parameters():
-          if "norm" in n:
-            p.add_(0.2 * torch.randn_like(p))
-          elif n.endswith("mlp.gate.weight"):  # spread the router so top-k is not a near-tie
-            p.normal_(0.0, 0.5)
-      path = tmp_path_factory.mktemp(f"moe_{name}")
-      model.save_pretrained(path)
-      cache[name] = path, _torch_logits(model)
-    return cache[name]
-
-  return get
+  return hf_reference.checkpoint_cache(tmp_path_factory, "moe", HF_CONFIGS, IDS, _perturb)
 
 
 @CONFIGS
@@ -81,7 +62,7 @@ def test_import_matches_transformers(checkpoint, name):
   assert c.moe_layers == tuple(i for i in range(hf.num_hidden_layers)
                                if i not in hf.mlp_only_layers
                                and (i + 1) % hf.decoder_sparse_step == 0)
-  err = np.abs(_logits(model) - ref).max()
+  err = np.abs(hf_reference.jax_logits(model, IDS) - ref).max()
   assert err <= 1e-4, err
 
 
@@ -93,13 +74,14 @@ def test_export_matches_transformers(checkpoint, name, tmp_path):
   assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3MoeForCausalLM"]
   back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
   assert type(back).__name__ == "Qwen3MoeForCausalLM"
-  err = np.abs(_torch_logits(back) - ref).max()
+  err = np.abs(hf_reference.torch_logits(back, IDS) - ref).max()
   assert err <= 1e-4, err
   # A random model of ours, exported, computes our logits in transformers.
   ours = create_model(model.config.replace(initializer_range=0.2), seed=3)
   out2 = save_pretrained(ours, tmp_path / "ours")
   theirs = transformers.AutoModelForCausalLM.from_pretrained(out2, attn_implementation="eager")
-  err = np.abs(_torch_logits(theirs.eval()) - _logits(ours)).max()
+  err = np.abs(hf_reference.torch_logits(theirs.eval(), IDS)
+               - hf_reference.jax_logits(ours, IDS)).max()
   assert err <= 1e-4, err
 
 
@@ -184,7 +166,7 @@ def test_model_grouped_equals_naive_model():
       x = x + y
     return jnp.sum(m.logits_from_hidden(m.final_norm(x)) ** 2) * 1e-3
 
-  ref_logits = _logits(model, np.asarray(ids))
+  ref_logits = hf_reference.jax_logits(model, np.asarray(ids))
   np.testing.assert_allclose(loss(state, False), jnp.sum(ref_logits ** 2) * 1e-3, rtol=1e-5)
   ga, gb = jax.grad(loss)(state, False), jax.grad(loss)(state, True)
   for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
