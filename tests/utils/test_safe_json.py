@@ -55,6 +55,45 @@ def test_brackets_inside_strings_do_not_count():
   assert safe_json.nesting_depth(text) == 2
 
 
+def _outcome_with_scan(text: str, bound: int):
+  """What ``loads`` must give, decided by the full scan alone (the reference for the fast path)."""
+  depth = safe_json.nesting_depth(text)
+  if depth > bound:
+    return f"refused: body nests {depth} levels deep; at most {bound} are accepted"
+  return json.loads(text)
+
+
+@pytest.mark.parametrize("text,bound,scans", [
+    (_nested(safe_json.MAX_DEPTH), safe_json.MAX_DEPTH, False),  # at the bound: count suffices
+    (_nested(safe_json.MAX_DEPTH + 1), safe_json.MAX_DEPTH, True),  # one past: scanned, refused
+    ('[{"a": [1]}]', 3, False),
+    ('[[{"a": [1]}]]', 3, True),
+    ('{"a": {"b": {"c": {}}}}', 3, True),
+    # Brackets inside strings: the count is past the bound, the real depth (2) is not.
+    (json.dumps({"code": "[" * 300 + "{" * 300, "k": ["]]"]}), safe_json.MAX_DEPTH, True),
+    ('["[[[[", {"k": "{{"}]', 3, True),
+])
+def test_bracket_count_fast_path_agrees_with_the_scan(monkeypatch, text, bound, scans):
+  """Skipping the scan when ``[`` + ``{`` count at most the bound changes no outcome or message,
+  for str and bytes; the scan still runs (and accepts) when only strings push the count up."""
+  want = _outcome_with_scan(text, bound)
+  calls, scan = [], safe_json.nesting_depth
+
+  def spy(t):
+    calls.append(t)
+    return scan(t)
+  monkeypatch.setattr(safe_json, "nesting_depth", spy)
+  for data in (text, text.encode()):
+    calls.clear()
+    try:
+      got = safe_json.loads(data, what="body", max_depth=bound)
+    except InvalidJSONError as e:
+      got = f"refused: {e}"
+    assert got == want
+    assert bool(calls) == scans
+  assert (text.count("[") + text.count("{") > bound) == scans
+
+
 def _at_stack_depth(frames: int, fn):
   if frames == 0:
     return fn()
