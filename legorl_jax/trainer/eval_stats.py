@@ -76,16 +76,17 @@ def set_figures(results: Sequence, *, greedy: bool, samples: int, prefix: str = 
 def paired_difference(before: Mapping[str, Sequence[int]], after: Mapping[str, Sequence[int]]
                       ) -> dict[str, float]:
   """after - before on the tasks both evaluated: the difference of solve rates (trials weighted
-  alike), its paired standard error (per-task differences), and ``z`` = difference / SE."""
+  alike), its paired standard error (per-task differences), and ``z`` = difference / SE (None
+  where the SE is 0; every figure None without a common task: summary.json stays plain JSON)."""
   common = [t for t in before if t in after and before[t] and after[t]]
   if not common:
-    return {"delta": float("nan"), "delta_se": float("nan"), "z": float("nan"), "n_tasks": 0}
+    return {"delta": None, "delta_se": None, "z": None, "n_tasks": 0}
   b = np.array([np.mean(before[t]) for t in common])
   a = np.array([np.mean(after[t]) for t in common])
   w = np.array([len(before[t]) for t in common], np.float64)
   delta = float(np.sum((a - b) * w) / np.sum(w))
   se = task_se(a - b)
-  return {"delta": delta, "delta_se": se, "z": delta / se if se > 0 else float("nan"),
+  return {"delta": delta, "delta_se": se, "z": delta / se if se > 0 else None,
           "n_tasks": len(common)}
 
 

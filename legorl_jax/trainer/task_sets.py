@@ -79,7 +79,9 @@ def extra_held_out_sets(cfg) -> dict[str, list]:
   only), by mode: e.g. a demo that holds out repository names also reports unseen templates."""
   extra = cfg.tasks.get("also_held_out", ()) or ()
   if isinstance(extra, str):
-    extra = tuple(x for x in extra.split(",") if x)
+    extra = (extra,)
+  # --config.tasks.also_held_out=a,b arrives as one comma-separated entry.
+  extra = tuple(x.strip() for entry in extra for x in str(entry).split(",") if x.strip())
   for mode in extra:
     if mode not in HELD_OUT_MODES:
       raise errors.ConfigError(

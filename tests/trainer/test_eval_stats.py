@@ -1,8 +1,6 @@
 """Evaluation uncertainty: task-clustered standard errors and the paired before/after gain,
 against naive recomputations."""
 
-import math
-
 import numpy as np
 import pytest
 
@@ -36,7 +34,8 @@ def test_paired_difference_against_naive():
   assert p["delta"] == pytest.approx(diffs.mean())
   assert p["delta_se"] == pytest.approx(diffs.std(ddof=1) / 2)
   assert p["z"] == pytest.approx(diffs.mean() / (diffs.std(ddof=1) / 2))
-  assert math.isnan(eval_stats.paired_difference({}, after)["delta"])
+  assert eval_stats.paired_difference({}, after)["delta"] is None
+  assert eval_stats.paired_difference(before, before)["z"] is None  # SE 0: no z
 
 
 def test_summary_fields_key_pattern():
