@@ -18,13 +18,28 @@ copy circuit forms after a number of examples, not gradually).
 for ``experiments.train --config.model.checkpoint=DIR/lr0.01``).
 """
 
-import argparse
-import json
 import random
 import time
 import zlib
 
 import numpy as np
+from absl import app, flags
+
+from experiments.benchmarks import common
+
+flags.DEFINE_string("preset", "tiny", "Model preset, from random weights.")
+flags.DEFINE_list("lrs", ["3e-3", "1e-2"], "Learning rates, one run each.")
+flags.DEFINE_float("b2", 0.98, "AdamW b2.")
+flags.DEFINE_integer("steps", 600, "Training steps per run.")
+flags.DEFINE_integer("batch", 32, "Examples per step.")
+flags.DEFINE_integer("length", 80, "Tokens per example.")
+flags.DEFINE_integer("eval_every", 50, "Steps between held-out evaluations.")
+flags.DEFINE_integer("eval_examples", 256, "Held-out examples.")
+flags.DEFINE_integer("seed", 0, "Model and data seed.")
+flags.DEFINE_float("stop_at_exact", 0.0,
+                   "Stop a run once its held-out exact match reaches this (0: never).")
+flags.DEFINE_string("save", "", "Write each run's final model (HF format) to SAVE/lrLR.")
+FLAGS = flags.FLAGS
 
 FUNCS = ("polygon_area", "apply_discount", "matmul", "median", "parse_row", "clamp", "merge",
          "running_total", "days_between", "word_count")
@@ -104,27 +119,15 @@ def run(lr: float, args, tok):
           "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--preset", default="tiny")
-  p.add_argument("--lrs", default="3e-3,1e-2")
-  p.add_argument("--b2", type=float, default=0.98)
-  p.add_argument("--steps", type=int, default=600)
-  p.add_argument("--batch", type=int, default=32)
-  p.add_argument("--length", type=int, default=80)
-  p.add_argument("--eval_every", type=int, default=50)
-  p.add_argument("--eval_examples", type=int, default=256)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--stop_at_exact", type=float, default=0.0,
-                 help="stop a run once its held-out exact match reaches this (0: never)")
-  p.add_argument("--save", default="", help="write each run's final model (HF format) to SAVE/lrLR")
-  args = p.parse_args()
+def main(argv):
+  del argv
+  args = FLAGS
   from legorl_jax.models.tokenizer import bundled_tokenizer_dir, load_tokenizer
   tok = load_tokenizer(bundled_tokenizer_dir())
-  runs = [run(float(lr), args, tok) for lr in args.lrs.split(",")]
-  print(json.dumps({"benchmark": "copy_phase", "preset": args.preset, "batch": args.batch,
-                    "steps": args.steps, "b2": args.b2, "runs": runs}))
+  runs = [run(float(lr), args, tok) for lr in args.lrs]
+  common.emit({"benchmark": "copy_phase", "preset": args.preset, "batch": args.batch,
+               "steps": args.steps, "b2": args.b2, "runs": runs})
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

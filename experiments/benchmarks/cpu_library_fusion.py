@@ -15,34 +15,38 @@ step for each choice, their ratios, and the largest parameter difference after t
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
-import time
 
-import jax
-import jax.numpy as jnp
+from absl import app, flags
 
-from legorl_jax.models import create_model, get_preset
-from legorl_jax.models.params import split_model
-from legorl_jax.trainer import compile_options
-from legorl_jax.trainer import optimizer as opt_lib
-from legorl_jax.trainer import state as state_lib
-from legorl_jax.trainer import train_step as ts
-from experiments.benchmarks.learner import grpo_batch, grpo_config
+from experiments.benchmarks import common
+
+common.setup_platform()  # before jax is imported
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from experiments.benchmarks.learner_inputs import grpo_batch, grpo_config  # noqa: E402
+from legorl_jax.models import create_model, get_preset  # noqa: E402
+from legorl_jax.models.params import split_model  # noqa: E402
+from legorl_jax.trainer import compile_options  # noqa: E402
+from legorl_jax.trainer import optimizer as opt_lib  # noqa: E402
+from legorl_jax.trainer import state as state_lib  # noqa: E402
+from legorl_jax.trainer import train_step as ts  # noqa: E402
+
+flags.DEFINE_string("preset", "small", "Model preset (random weights).")
+flags.DEFINE_integer("batch", 4, "Rows of the GRPO batch.")
+flags.DEFINE_integer("prompt_len", 128, "Prompt tokens per row.")
+flags.DEFINE_integer("completion_len", 128, "Completion tokens per row.")
+flags.DEFINE_integer("group", 4, "Completions per prompt (> 1: shared-prompt rows).")
+flags.DEFINE_integer("micro_batches", 1, "Micro-batches per step.")
+flags.DEFINE_integer("steps", 8, "Timed steps per choice (after one).")
+FLAGS = flags.FLAGS
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--preset", default="small")
-  p.add_argument("--batch", type=int, default=4)
-  p.add_argument("--prompt_len", type=int, default=128)
-  p.add_argument("--completion_len", type=int, default=128)
-  p.add_argument("--group", type=int, default=4)
-  p.add_argument("--micro_batches", type=int, default=1)
-  p.add_argument("--steps", type=int, default=8, help="timed steps per choice (after one)")
-  args = p.parse_args()
+def main(argv):
+  del argv
+  args = FLAGS
 
   mcfg = get_preset(args.preset)
   cfg = grpo_config(args.micro_batches)  # the learner benchmark's defaults
@@ -65,17 +69,17 @@ def main():
     runs[choice] = {"fn": compiled, "state": state, "wall": [], "cpu": []}
   for i in range(args.steps + 1):
     for r in runs.values():
-      c0, t0 = time.process_time(), time.perf_counter()
-      r["state"], metrics = r["fn"](r["state"], batch)
-      jax.block_until_ready(metrics)
+      with common.Timer() as t:
+        r["state"], metrics = r["fn"](r["state"], batch)
+        jax.block_until_ready(metrics)
       if i:  # the first call of each runs once untimed
-        r["wall"].append(time.perf_counter() - t0)
-        r["cpu"].append(time.process_time() - c0)
-  med = {c: (statistics.median(r["wall"]), statistics.median(r["cpu"])) for c, r in runs.items()}
+        r["wall"].append(t.wall)
+        r["cpu"].append(t.cpu)
+  med = {c: (common.median(r["wall"]), common.median(r["cpu"])) for c, r in runs.items()}
   diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
       jax.tree.leaves(runs["dot"]["state"].params),
       jax.tree.leaves(runs["xla_default"]["state"].params)))
-  print(json.dumps({
+  common.emit({
       "benchmark": "cpu_library_fusion", "preset": args.preset, "batch": args.batch,
       "prompt_len": args.prompt_len, "completion_len": args.completion_len, "group": args.group,
       "micro_batches": args.micro_batches, "steps": args.steps,
@@ -84,9 +88,9 @@ def main():
       "cpu_s": {c: round(m[1], 4) for c, m in med.items()},
       "speedup_dot_over_default_wall": round(med["xla_default"][0] / med["dot"][0], 3),
       "speedup_dot_over_default_cpu": round(med["xla_default"][1] / med["dot"][1], 3),
-      "max_abs_param_diff": diff, "load_avg_1m": round(os.getloadavg()[0], 2),
-      "cpus": os.cpu_count()}))
+      "max_abs_param_diff": diff, "load_avg_1m": common.load_avg_1m(),
+      "cpus": os.cpu_count()})
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -17,12 +17,13 @@ the vocabulary run even when every row is greedy). Prints one JSON line.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from absl import app, flags
+
+from experiments.benchmarks import common
+
+common.setup_platform()  # before jax is imported
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -34,6 +35,15 @@ from legorl_jax.models import decoder as decoder_lib  # noqa: E402
 from legorl_jax.sampling import sample as sample_lib  # noqa: E402
 from legorl_jax.sampling import steps  # noqa: E402
 from legorl_jax.sampling.cache import SCRATCH, Cache  # noqa: E402
+
+flags.DEFINE_string("preset", "small", "Model preset (random weights).")
+flags.DEFINE_integer("rows", 1, "Rows decoded per step.")
+flags.DEFINE_list("windows", ["256", "1024", "2048", "4096"], "Attention windows to time.")
+flags.DEFINE_integer("decode_chunk", 16, "Decode steps per call.")
+flags.DEFINE_integer("repeats", 10, "Timed calls per window and variant.")
+flags.DEFINE_bool("baseline_head", False, "Also time the tied head through embed.T.")
+flags.DEFINE_bool("baseline_sampling", False, "Also time the previous token sampler.")
+FLAGS = flags.FLAGS
 
 
 def head_through_transpose(self, hidden):
@@ -85,16 +95,9 @@ def compiled_decode(head, sampler):
                  donate_argnums=(2,))
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--preset", default="small")
-  ap.add_argument("--rows", type=int, default=1)
-  ap.add_argument("--windows", default="256,1024,2048,4096")
-  ap.add_argument("--decode_chunk", type=int, default=16)
-  ap.add_argument("--repeats", type=int, default=10)
-  ap.add_argument("--baseline_head", action="store_true")
-  ap.add_argument("--baseline_sampling", action="store_true")
-  args = ap.parse_args()
+def main(argv):
+  del argv
+  args = FLAGS
   model = create_model(args.preset, seed=0)
   cfg = model.config
   graphdef, state = nnx.split(model)
@@ -107,7 +110,7 @@ def main():
     variants["previous_sampling"] = (current[0], previous_sample_tokens)
   k, n = args.decode_chunk, args.rows
   rows_out = []
-  for window in (int(w) for w in args.windows.split(",")):
+  for window in (int(w) for w in args.windows):
     position = window - k - 1  # the last position the window holds after k steps
     runs = {}
     for name, (head, sampler) in variants.items():
@@ -139,9 +142,9 @@ def main():
       row["speedup_vs_previous_sampling"] = round(
           row["previous_sampling_ms_per_step"] / row["current_ms_per_step"], 3)
     rows_out.append(row)
-  print(json.dumps(dict(benchmark="decode_step", preset=args.preset, rows=n,
-                        decode_chunk=k, backend=jax.default_backend(), windows=rows_out)))
+  common.emit(dict(benchmark="decode_step", preset=args.preset, rows=n,
+                   decode_chunk=k, backend=jax.default_backend(), windows=rows_out))
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

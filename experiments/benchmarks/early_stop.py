@@ -10,12 +10,11 @@ on preset ``small`` one after another and prints the median latency. Prints one 
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import time
+from absl import app, flags
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from experiments.benchmarks import common
+
+common.setup_platform()  # before jax is imported
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -23,15 +22,17 @@ import numpy as np  # noqa: E402
 from legorl_jax.models import create_model  # noqa: E402
 from legorl_jax.sampling import Engine, SamplingParams  # noqa: E402
 
+flags.DEFINE_string("preset", "small", "Model preset (random weights).")
+flags.DEFINE_integer("prompt_len", 64, "Prompt tokens per request.")
+flags.DEFINE_integer("new_tokens", 3, "Greedy tokens per request (fewer than --decode_chunk).")
+flags.DEFINE_integer("decode_chunk", 16, "Decode steps per engine call.")
+flags.DEFINE_integer("requests", 20, "Timed requests, one after another.")
+FLAGS = flags.FLAGS
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--preset", default="small")
-  ap.add_argument("--prompt_len", type=int, default=64)
-  ap.add_argument("--new_tokens", type=int, default=3)
-  ap.add_argument("--decode_chunk", type=int, default=16)
-  ap.add_argument("--requests", type=int, default=20)
-  args = ap.parse_args()
+
+def main(argv):
+  del argv
+  args = FLAGS
   model = create_model(args.preset, seed=0)
   params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens)
   rng = np.random.default_rng(0)
@@ -43,17 +44,17 @@ def main():
       engine.generate(rng.integers(0, vocab, args.prompt_len).tolist(), params)
     secs, got = [], []
     for _ in range(args.requests):
-      t0 = time.perf_counter()
-      done = engine.generate(rng.integers(0, vocab, args.prompt_len).tolist(), params)
-      secs.append(time.perf_counter() - t0)
+      with common.Timer() as t:
+        done = engine.generate(rng.integers(0, vocab, args.prompt_len).tolist(), params)
+      secs.append(t.wall)
       got.append(len(done.token_ids))
   assert set(got) == {args.new_tokens}, got
-  print(json.dumps(dict(benchmark="early_stop", preset=args.preset, prompt_len=args.prompt_len,
-                        new_tokens=args.new_tokens, decode_chunk=args.decode_chunk,
-                        requests=args.requests, backend=jax.default_backend(),
-                        latency_p50_ms=round(float(np.median(secs)) * 1e3, 1),
-                        latency_min_ms=round(float(np.min(secs)) * 1e3, 1))))
+  common.emit(dict(benchmark="early_stop", preset=args.preset, prompt_len=args.prompt_len,
+                   new_tokens=args.new_tokens, decode_chunk=args.decode_chunk,
+                   requests=args.requests, backend=jax.default_backend(),
+                   latency_p50_ms=round(float(np.median(secs)) * 1e3, 1),
+                   latency_min_ms=round(float(np.min(secs)) * 1e3, 1)))
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -20,6 +20,7 @@ import tempfile
 
 from absl import app, flags
 
+from experiments.benchmarks import common
 from legorl_jax.utils import cpu_time
 
 flags.DEFINE_integer("steps", 4, "RL steps per mode.")
@@ -62,10 +63,10 @@ def main(argv):
           f"{r['learner_utilisation']:13.2%} {r['cpu_utilisation']:9.2%}")
   out = {"benchmark": "end_to_end", "steps": FLAGS.steps, "tasks_per_step": FLAGS.tasks_per_step,
          "samples_per_task": FLAGS.samples_per_task, "cores": cpu_time.usable_cores(),
-         "load_avg_1m": os.getloadavg()[0], **res,
+         "load_avg_1m": common.load_avg_1m(), **res,
          "async_over_sync_trials_per_hour": res["async"]["trials_per_hour"] / res["sync"]["trials_per_hour"],
          "async_bound_from_idle_cpu": 1.0 / res["sync"]["cpu_utilisation"]}
-  print(json.dumps(out))
+  common.emit(out)
 
 
 if __name__ == "__main__":

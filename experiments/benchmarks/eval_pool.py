@@ -15,20 +15,24 @@ Prints one JSON line: each side's wall, trials and seconds per trial, their rati
 whether the figures are identical.
 """
 
-import argparse
-import json
 import os
 import tempfile
 import time
 
+from absl import app, flags
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--model", default=None,
-                 help="model.pretrained: a name, .gguf or HF directory (default: the demo's)")
-  p.add_argument("--num_val", type=int, default=8, help="tasks per held-out set (demo: 32)")
-  p.add_argument("--samples", type=int, default=2, help="eval.samples (demo: 2)")
-  args = p.parse_args()
+from experiments.benchmarks import common
+
+flags.DEFINE_string("model", None,
+                    "model.pretrained: a name, .gguf or HF directory (default: the demo's).")
+flags.DEFINE_integer("num_val", 8, "Tasks per held-out set (demo: 32).")
+flags.DEFINE_integer("samples", 2, "eval.samples (demo: 2).")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  args = FLAGS
 
   from experiments.configs import demo
   from legorl_jax.harnesses import registry
@@ -79,7 +83,7 @@ def main():
   finally:
     service.close()
   trials = sum(len(s) for s in [tasks, *extra.values()]) * (n + 1)
-  print(json.dumps({
+  common.emit({
       "benchmark": "eval_pool", "model": cfg.model.pretrained, "sets": 1 + len(extra),
       "tasks_per_set": args.num_val, "samples": n, "trials": trials,
       "engine_rows": int(cfg.engine.max_batch), "concurrency": int(cfg.rollout.concurrency),
@@ -87,8 +91,8 @@ def main():
       "one_pool": {"wall_s": round(one_s, 1), "s_per_trial": round(one_s / trials, 2)},
       "four_pools": {"wall_s": round(four_s, 1), "s_per_trial": round(four_s / trials, 2)},
       "ratio_s_per_trial": round(four_s / one_s, 3), "figures_identical": pipeline.scalars(one) == four,
-      "figures": pipeline.scalars(one), "load_avg_1m": round(os.getloadavg()[0], 2)}))
+      "figures": pipeline.scalars(one), "load_avg_1m": common.load_avg_1m()})
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -17,13 +17,14 @@ scenario restarts the host's dockerd (SIGTERM, then starts it again the way the 
 does).
 """
 
-import json
 import os
 import shutil
 import tempfile
 import time
 
 from absl import app, flags
+
+from experiments.benchmarks import common
 
 flags.DEFINE_list("skip", [], "Scenario names to skip.")
 flags.DEFINE_list("only", [], "Run only these scenario names.")
@@ -168,7 +169,7 @@ def main(argv):
                   "leaked": len(o.leaked), "wall_s": o.wall_s} for o in rows],
       "skipped": skipped,
   }
-  print(json.dumps(out))
+  common.emit(out)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,15 @@ seeds. Prints one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
-import json
-import os
 import pathlib
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from absl import app, flags
+
+from experiments.benchmarks import common
+
+common.setup_platform()  # before jax is imported
 
 import jax  # noqa: E402
 
@@ -39,6 +40,10 @@ from legorl_jax.proxy.render import ChatRenderer  # noqa: E402
 from legorl_jax.sampling import Engine, SamplingParams, steps  # noqa: E402
 from legorl_jax.taskgen import synthetic  # noqa: E402
 from legorl_jax.models import tokenizer as tokenization  # noqa: E402
+
+flags.DEFINE_string("model", "tiny", "Preset, HF directory or pretrained name.")
+flags.DEFINE_integer("max_tokens", None, "Sampled tokens per request (default: the demo's).")
+FLAGS = flags.FLAGS
 
 
 def load(name: str):
@@ -74,11 +79,9 @@ def rollout(engine, reqs) -> tuple[float, list]:
   return time.perf_counter() - t0, comps
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--model", default="tiny", help="preset, HF directory or pretrained name")
-  ap.add_argument("--max_tokens", type=int, default=None, help="default: the demo's")
-  args = ap.parse_args()
+def main(argv):
+  del argv
+  args = FLAGS
   cfg = demo.get_config()
   model, tokenizer = load(args.model)
   n = int(cfg.rollout.samples_per_task)
@@ -126,9 +129,9 @@ def main():
   result["fewer_prefilled_x"] = round(result["off_prefill_tokens"]
                                       / max(1, result["on_prefill_tokens"]), 2)
   result["speedup"] = round(result["off_rollout_s"] / result["on_rollout_s"], 2)
-  result["load_avg_1m"] = os.getloadavg()[0]
-  print(json.dumps(result))
+  result["load_avg_1m"] = common.load_avg_1m()
+  common.emit(result)
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -58,21 +58,67 @@ adapted kernel's full weight gradient is computed, then projected onto A and B).
   JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py --skip_tunix # ours only
 """
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
+from absl import app, flags
+
+from experiments.benchmarks import common
+from experiments.benchmarks.learner_inputs import grpo_batch, grpo_config
 from experiments.benchmarks.learner_tunix.peak import matmul_peak
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = common.REPO
 TUNIX_SPEC = "google-tunix==0.1.7"
 DEFAULT_VENV = os.path.expanduser("~/.cache/legorl_jax/bench/tunix-venv")
+
+flags.DEFINE_string("preset", "small", "Model preset of both sides (random weights).")
+flags.DEFINE_integer("batch", 4, "Rows of the fixed GRPO batch.")
+flags.DEFINE_integer("prompt_len", 128, "Prompt tokens per row.")
+flags.DEFINE_integer("completion_len", 128, "Completion (scored) tokens per row.")
+flags.DEFINE_integer("steps", 3, "Timed steps after the first.")
+flags.DEFINE_string("aggregation", "seq-mean-token-mean",
+                    "Ours; Tunix gets its equivalent sequence-mean-token-mean.")
+flags.DEFINE_float("clip_eps", 0.2, "GRPO clip epsilon.")
+flags.DEFINE_float("lr", 1e-6, "AdamW learning rate.")
+flags.DEFINE_float("max_grad_norm", 1.0, "Global-norm clipping.")
+flags.DEFINE_integer("micro_batches", 1, "Ours: micro-batches per step.")
+flags.DEFINE_integer("group", 1,
+                     "Completions per prompt (a GRPO group); > 1: both sides get the same prompt "
+                     "repeated within each group, ours computes it once per group.")
+flags.DEFINE_bool("unshared", False,
+                  "Ours: plain rows even for groups (the prompt computed per completion).")
+flags.DEFINE_bool("remat", False, "Ours: rematerialise each block.")
+flags.DEFINE_integer("matmul_n", 2048, "Side of the matmul-peak measurement.")
+flags.DEFINE_integer("matmul_repeats", 5, "Repeats of the matmul-peak measurement.")
+flags.DEFINE_bool("lm_head_on_all", False,
+                  "Ours: run the lm head on every token (default: scored tokens only, as the "
+                  "Learner does).")
+flags.DEFINE_bool("profile", False,
+                  "Profile a few extra steps on each side and report the op-time breakdown.")
+flags.DEFINE_integer("profile_steps", 2, "Steps profiled with --profile.")
+flags.DEFINE_string("profile_dir", None, "Internal: a child's profile directory.")
+flags.DEFINE_bool("skip_tunix", False, "Ours only.")
+flags.DEFINE_enum("cpu_library_fusion", "dot", ["dot", "xla_default"],
+                  "Ours: trainer.cpu_library_fusion (which fusions XLA:CPU hands to YNNPACK).")
+flags.DEFINE_bool("tunix_same_xla_options", False,
+                  "Each round also runs Tunix with our learner's XLA:CPU option (through "
+                  "XLA_FLAGS), to separate that option from the rest of the difference.")
+flags.DEFINE_integer("rounds", 1,
+                     "Repeat all sides this many times; ratios are medians of per-round ratios.")
+flags.DEFINE_string("venv", DEFAULT_VENV, "Virtualenv for google-tunix (created on first use).")
+flags.DEFINE_string("model", None,
+                    "Parameter-efficient comparison on this model: a preset (random weights), an "
+                    "HF directory or a pretrained name (e.g. smollm2-135m-instruct).")
+flags.DEFINE_list("trainables", ["all", "top:4", "top:8", "lora"],
+                  "With --model: trainer.trainable settings to time.")
+flags.DEFINE_bool("child", False, "Internal: run our side in this process.")
+flags.DEFINE_bool("child_trainables", False, "Internal: run the --model comparison here.")
+FLAGS = flags.FLAGS
 
 
 def step_flops(shape: dict, batch: int, seq_len: int) -> float:
@@ -96,52 +142,6 @@ def grouped_step_flops(shape: dict, rows: int, prefix_len: int, branch_len: int,
   tokens = rows * (p + k * l)
   pairs = rows * (p * p + k * l * (p + l))
   return 6.0 * n * tokens + 12.0 * nl * h * dh * pairs
-
-
-def grpo_batch(vocab: int, b: int, prompt_len: int, completion_len: int, group: int,
-               share: bool):
-  """The benchmark's fixed GRPO batch: ``b`` rows of random tokens, loss on the completion,
-  each ``group`` consecutive rows sharing their prompt. With ``share``, laid out as the learner
-  receives a GRPO batch with ``trainer.share_prompt``: one row per group, the prompt once.
-
-  Returns (numpy batch of ``[rows, width]`` arrays, ``shared_prefix`` layout or None).
-  """
-  import numpy as np
-  from legorl_jax.trainer import batching
-  rng = np.random.default_rng(0)
-  t, tp = prompt_len + completion_len, prompt_len
-  ids = rng.integers(2, vocab, (b, t)).astype(np.int32)
-  ids[:, :tp] = ids[(np.arange(b) // group) * group, :tp]  # a group shares its prompt
-  adv = np.repeat(rng.standard_normal((b, 1)), t, 1).astype(np.float32)
-  batch = {"input_ids": ids, "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)),
-           "segment_ids": np.ones((b, t), np.int32),
-           "loss_mask": (np.arange(t)[None, :] >= tp).repeat(b, 0).astype(np.float32),
-           "advantages": adv, "rollout_logp": np.zeros((b, t), np.float32)}
-  if not share:
-    return batch, None
-  seqs = [batching.TrainSequence(list(ids[i]), list(batch["loss_mask"][i].astype(int)),
-                                 [0.0] * t, float(adv[i, 0])) for i in range(b)]
-  grouped, rest, _ = batching.make_grouped_batches(
-      seqs, prefix_len=tp - 1, branch_len=completion_len + 1, branches=group,
-      rows_per_batch=b // group)
-  assert len(grouped) == 1 and not rest
-  return batching.split_layout(grouped[0])
-
-
-def grpo_config(micro_batches: int, *, aggregation: str = "seq-mean-token-mean",
-                clip_eps: float = 0.2, lr: float = 1e-6, max_grad_norm: float = 1.0,
-                cpu_library_fusion: str = "dot"):
-  """The learner config our side runs: GRPO loss, AdamW at a constant rate, fused lm head."""
-  import ml_collections
-  cfg = ml_collections.ConfigDict()
-  cfg.loss = ml_collections.ConfigDict(dict(
-      name="grpo", temperature=1.0, aggregation=aggregation, clip_eps_low=clip_eps,
-      clip_eps_high=clip_eps, vf_coef=0.0))
-  cfg.trainer = ml_collections.ConfigDict(dict(micro_batches=micro_batches, logprob_impl="xla",
-                                               cpu_library_fusion=cpu_library_fusion))
-  cfg.optim = ml_collections.ConfigDict(dict(learning_rate=lr, schedule="constant",
-                                             max_grad_norm=max_grad_norm))
-  return cfg
 
 
 def run_ours(args) -> dict:
@@ -175,15 +175,15 @@ def run_ours(args) -> dict:
   batch = jax.tree.map(jnp.asarray, batch)
   run = lambda state: jax.block_until_ready(step(state, batch, scored_cap=cap, shared_prefix=layout))
 
-  t0 = time.perf_counter()
-  state, metrics = run(state)
-  first = time.perf_counter() - t0
+  with common.Timer() as t:
+    state, metrics = run(state)
+  first = t.wall
   times, cpu = [], []
   for _ in range(args.steps):
-    c0, t0 = time.process_time(), time.perf_counter()
-    state, metrics = run(state)
-    times.append(time.perf_counter() - t0)
-    cpu.append(time.process_time() - c0)
+    with common.Timer() as t:
+      state, metrics = run(state)
+    times.append(t.wall)
+    cpu.append(t.cpu)
   step_s = statistics.median(times)
   if args.profile_dir:
     state = profile_steps(run, state, args.profile_dir, args.profile_steps)
@@ -246,7 +246,7 @@ def run_trainables(args) -> dict:
 
   import jax
   import ml_collections
-  from experiments.configs import common
+  from experiments.configs import common as configs
   from legorl_jax.trainer import train_step as ts
   from legorl_jax.trainer.learner import Learner
 
@@ -259,10 +259,10 @@ def run_trainables(args) -> dict:
   if args.lm_head_on_all:
     raise SystemExit("--lm_head_on_all is not available with --model (Learner.update decides)")
   scored = args.batch * args.completion_len
-  lora_cfg = common.base_config().trainer
+  lora_cfg = configs.base_config().trainer
   out = {}
-  for trainable in args.trainables.split(","):
-    cfg = common.base_config()
+  for trainable in args.trainables:
+    cfg = configs.base_config()
     del cfg.mesh
     cfg.loss = ml_collections.ConfigDict(dict(
         name="grpo", temperature=1.0, aggregation=args.aggregation, clip_eps_low=args.clip_eps,
@@ -272,15 +272,15 @@ def run_trainables(args) -> dict:
     cfg.optim.learning_rate, cfg.optim.max_grad_norm = args.lr, args.max_grad_norm
     learner = Learner(model, cfg)
     run = lambda: learner.update([batch])  # noqa: E731 -- as the loops call it (metrics synced)
-    t0 = time.perf_counter()
-    m = run()
-    first = time.perf_counter() - t0
+    with common.Timer() as t:
+      m = run()
+    first = t.wall
     times, cpu = [], []
     for _ in range(args.steps):
-      c0, t0 = time.process_time(), time.perf_counter()
-      m = run()
-      times.append(time.perf_counter() - t0)
-      cpu.append(time.process_time() - c0)
+      with common.Timer() as t:
+        m = run()
+      times.append(t.wall)
+      cpu.append(t.cpu)
     step_s, cpu_s = statistics.median(times), statistics.median(cpu)
     fl = trainable_step_flops(mcfg, learner.plan, args.batch, args.prompt_len + args.completion_len, scored)
     n_train = sum(int(x.size) for x in jax.tree.leaves(learner.state.params))
@@ -292,7 +292,7 @@ def run_trainables(args) -> dict:
         "utilisation_of_matmul_peak": round(fl["total"] / step_s / peak, 4),
         "utilisation_of_matmul_peak_cpu_time": round(fl["total"] / cpu_s / peak_cpu, 4),
         "loss": float(m["loss/policy"]), "grad_norm": float(m["grad_norm"])}
-    print(json.dumps({trainable: out[trainable]}), file=sys.stderr, flush=True)
+    common.note({trainable: out[trainable]})
     del learner, run, m
     gc.collect()
   base = out.get("all", {}).get("tokens_per_s")
@@ -386,73 +386,28 @@ def ensure_venv(venv: str) -> str:
 
 
 def _child_json(cmd, env) -> dict:
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-  if proc.returncode:
-    return {"error": f"exit {proc.returncode}: {proc.stderr[-3000:]}"}
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  out, error = common.run_child(cmd, env=env, cwd=REPO, tail=3000)
+  return out if error is None else {"error": error}
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--preset", default="small")
-  p.add_argument("--batch", type=int, default=4)
-  p.add_argument("--prompt_len", type=int, default=128)
-  p.add_argument("--completion_len", type=int, default=128)
-  p.add_argument("--steps", type=int, default=3, help="timed steps after the first")
-  p.add_argument("--aggregation", default="seq-mean-token-mean",
-                 help="ours; Tunix gets its equivalent sequence-mean-token-mean")
-  p.add_argument("--clip_eps", type=float, default=0.2)
-  p.add_argument("--lr", type=float, default=1e-6)
-  p.add_argument("--max_grad_norm", type=float, default=1.0)
-  p.add_argument("--micro_batches", type=int, default=1)
-  p.add_argument("--group", type=int, default=1,
-                 help="completions per prompt (a GRPO group); > 1: both sides get the same "
-                      "prompt repeated within each group, ours computes it once per group")
-  p.add_argument("--unshared", action="store_true",
-                 help="ours: plain rows even for groups (the prompt computed per completion)")
-  p.add_argument("--remat", action="store_true", help="ours: rematerialise each block")
-  p.add_argument("--matmul_n", type=int, default=2048)
-  p.add_argument("--matmul_repeats", type=int, default=5)
-  p.add_argument("--lm_head_on_all", action="store_true",
-                 help="ours: run the lm head on every token (default: scored tokens only, as "
-                      "the Learner does)")
-  p.add_argument("--profile", action="store_true",
-                 help="profile a few extra steps on each side and report the op-time breakdown")
-  p.add_argument("--profile_steps", type=int, default=2)
-  p.add_argument("--profile_dir", default=None, help=argparse.SUPPRESS)
-  p.add_argument("--skip_tunix", action="store_true")
-  p.add_argument("--cpu_library_fusion", default="dot", choices=("dot", "xla_default"),
-                 help="ours: trainer.cpu_library_fusion (which fusions XLA:CPU hands to YNNPACK)")
-  p.add_argument("--tunix_same_xla_options", action="store_true",
-                 help="each round also runs Tunix with our learner's XLA:CPU option (through "
-                      "XLA_FLAGS), to separate that option from the rest of the difference")
-  p.add_argument("--rounds", type=int, default=1,
-                 help="repeat all sides this many times; ratios are medians of per-round ratios")
-  p.add_argument("--venv", default=DEFAULT_VENV)
-  p.add_argument("--model", default=None,
-                 help="parameter-efficient comparison on this model: a preset (random weights), "
-                      "an HF directory or a pretrained name (e.g. smollm2-135m-instruct)")
-  p.add_argument("--trainables", default="all,top:4,top:8,lora",
-                 help="with --model: trainer.trainable settings to time, comma-separated")
-  p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-  p.add_argument("--child_trainables", action="store_true", help=argparse.SUPPRESS)
-  args = p.parse_args()
+def main(argv):
+  del argv
+  args = FLAGS
 
   if args.child:
-    print(json.dumps(run_ours(args)), flush=True)
+    common.emit(run_ours(args))
     return
   if args.child_trainables:
-    print(json.dumps(run_trainables(args)), flush=True)
+    common.emit(run_trainables(args))
     return
   if args.model:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    load_before = os.getloadavg()[0]
+    env = common.child_env()
+    load_before = common.load_avg_1m()
     cmd = [sys.executable, os.path.abspath(__file__), "--child_trainables", *sys.argv[1:]]
     out = _child_json(cmd, env)
-    out.update(load_avg_1m_before=round(load_before, 2),
-               load_avg_1m_after=round(os.getloadavg()[0], 2), cpus=os.cpu_count())
-    print(json.dumps(out))
+    out.update(load_avg_1m_before=load_before, load_avg_1m_after=common.load_avg_1m(),
+               cpus=os.cpu_count())
+    common.emit(out)
     return
 
   sys.path.insert(0, REPO)
@@ -462,11 +417,10 @@ def main():
       "num_layers", "vocab_size", "hidden_size", "intermediate_size", "num_heads",
       "num_kv_heads", "head_dim", "rope_theta", "rms_norm_eps", "tie_word_embeddings")}
   seq_len = args.prompt_len + args.completion_len
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  load_before = os.getloadavg()[0]
+  env = common.child_env()
+  load_before = common.load_avg_1m()
 
-  common = ["--batch", str(args.batch), "--prompt_len", str(args.prompt_len),
+  shared_args = ["--batch", str(args.batch), "--prompt_len", str(args.prompt_len),
             "--completion_len", str(args.completion_len), "--steps", str(args.steps),
             "--lr", str(args.lr), "--max_grad_norm", str(args.max_grad_norm),
             "--clip_eps", str(args.clip_eps), "--matmul_n", str(args.matmul_n),
@@ -478,14 +432,14 @@ def main():
               "--aggregation", args.aggregation, "--micro_batches", str(args.micro_batches),
               "--cpu_library_fusion", args.cpu_library_fusion,
               *(["--remat"] if args.remat else []), *(["--lm_head_on_all"] if args.lm_head_on_all
-                                                       else []), *prof("ours"), *common]
+                                                       else []), *prof("ours"), *shared_args]
   def one_round():
     ours = _child_json(ours_cmd + (["--unshared"] if args.unshared else []), env)
-    print(json.dumps(ours), file=sys.stderr, flush=True)
+    common.note(ours)
     ours_unshared = None
     if args.group > 1 and not args.unshared:  # the same batch in plain rows, for the ablation
       ours_unshared = _child_json(ours_cmd + ["--unshared"], env)
-      print(json.dumps(ours_unshared), file=sys.stderr, flush=True)
+      common.note(ours_unshared)
     def run_tunix(xla_flags=None, profile=()):
       try:
         py = ensure_venv(args.venv)
@@ -497,10 +451,10 @@ def main():
           tenv["XLA_FLAGS"] = (tenv.get("XLA_FLAGS", "") + " " + xla_flags).strip()
         out = _child_json([py, os.path.join(HERE, "learner_tunix", "run_tunix.py"),
                            "--shape", json.dumps(shape), "--aggregation", agg, *profile,
-                           *common], tenv)
+                           *shared_args], tenv)
       except subprocess.CalledProcessError as e:
         out = {"error": f"virtualenv setup failed: {e}"}
-      print(json.dumps(out), file=sys.stderr, flush=True)
+      common.note(out)
       return out
     tunix = tunix_same = None
     if not args.skip_tunix:
@@ -591,11 +545,11 @@ def main():
       "tunix_same_xla_options": tunix_same,
       "op_breakdown": ({side: op_breakdown(os.path.join(prof_root, side), args.profile_steps)
                         for side in ("ours", "tunix")} if prof_root else None),
-      "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2),
+      "load_avg_1m_before": load_before, "load_avg_1m_after": common.load_avg_1m(),
       "cpus": os.cpu_count(),
   }
-  print(json.dumps(summary))
+  common.emit(summary)
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -11,13 +11,31 @@ XLA's compiled buffer sizes (``memory_analysis``). Prints one JSON line at the e
   JAX_PLATFORMS=cpu python experiments/benchmarks/loss.py --quick     # small shapes
 """
 
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+from absl import app, flags
+
+from experiments.benchmarks import common
+
+flags.DEFINE_bool("quick", False, "Small shapes (smoke test).")
+flags.DEFINE_integer("n", None, "Tokens for the fused-vs-materialised pair.")
+flags.DEFINE_integer("n_large", None, "Tokens for the fused-only run (0: skip).")
+flags.DEFINE_integer("d", None, "Hidden size.")
+flags.DEFINE_integer("vocab", None,
+                     "Vocabulary size (was --v before the absl flags: absl's -v is --verbosity).")
+flags.DEFINE_list("variants", ["fused", "materialised"], "Variants of the pair.")
+flags.DEFINE_integer("steps", 3, "Timed steps after the first.")
+flags.DEFINE_integer("steps_large", 0,
+                     "Timed steps of the --n_large run (0: report the first step's time).")
+flags.DEFINE_integer("seq_len", 1024, "Tokens per sequence (rows).")
+flags.DEFINE_integer("token_chunk", None, "token_logprobs token chunk (default: its own).")
+flags.DEFINE_integer("vocab_chunk", None, "token_logprobs vocab chunk (default: its own).")
+flags.DEFINE_bool("child", False, "Internal: run one variant in this process.")
+flags.DEFINE_string("variant", "fused", "Internal: the child's variant.")
+FLAGS = flags.FLAGS
 
 
 def _vm_kib(field: str) -> int:
@@ -43,7 +61,7 @@ def child(args) -> dict:
   import jax.numpy as jnp
   from legorl_jax import rl
 
-  n, d, v = args.n, args.d, args.v
+  n, d, v = args.n, args.d, args.vocab
   rows = max(1, n // args.seq_len)
 
   @jax.jit
@@ -105,53 +123,35 @@ def child(args) -> dict:
           "token_chunk": args.token_chunk, "vocab_chunk": args.vocab_chunk}
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--quick", action="store_true", help="small shapes (smoke test)")
-  p.add_argument("--n", type=int, default=None, help="tokens for the fused-vs-materialised pair")
-  p.add_argument("--n_large", type=int, default=None,
-                 help="tokens for the fused-only run (0: skip)")
-  p.add_argument("--d", type=int, default=None)
-  p.add_argument("--v", type=int, default=None)
-  p.add_argument("--variants", default="fused,materialised")
-  p.add_argument("--steps", type=int, default=3, help="timed steps after the first")
-  p.add_argument("--steps_large", type=int, default=0,
-                 help="timed steps of the --n_large run (0: report the first step's time)")
-  p.add_argument("--seq_len", type=int, default=1024, help="tokens per sequence (rows)")
-  p.add_argument("--token_chunk", type=int, default=None)
-  p.add_argument("--vocab_chunk", type=int, default=None)
-  p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-  p.add_argument("--variant", default="fused", help=argparse.SUPPRESS)
-  args = p.parse_args()
+def main(argv):
+  del argv
+  args = FLAGS
 
   if args.child:
-    print(json.dumps(child(args)), flush=True)
+    common.emit(child(args))
     return
 
   quick = args.quick
   n = args.n or (512 if quick else 4096)
   n_large = (0 if quick else 32768) if args.n_large is None else args.n_large
   d = args.d or (128 if quick else 1024)
-  v = args.v or (8192 if quick else 151936)
-  runs = [(var, n, args.steps) for var in args.variants.split(",")]
+  v = args.vocab or (8192 if quick else 151936)
+  runs = [(var, n, args.steps) for var in args.variants]
   if n_large:
     runs.append(("fused", n_large, args.steps_large))
   results = []
   for variant, nn, steps in runs:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--variant", variant,
-           "--n", str(nn), "--d", str(d), "--v", str(v), "--steps", str(steps),
+           "--n", str(nn), "--d", str(d), "--vocab", str(v), "--steps", str(steps),
            "--seq_len", str(min(args.seq_len, nn))]
     for k in ("token_chunk", "vocab_chunk"):
       if getattr(args, k):
         cmd += [f"--{k}", str(getattr(args, k))]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-      results.append({"variant": variant, "n": nn, "error": proc.stderr[-2000:]})
-    else:
-      results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    out, error = common.run_child(cmd, env=common.child_env(platform=None), tail=2000)
+    results.append(out if error is None else {"variant": variant, "n": nn, "error": error})
+    common.note(results[-1])
 
-  summary = {"benchmark": "loss", "d": d, "v": v, "load_avg_1m": round(os.getloadavg()[0], 2),
+  summary = {"benchmark": "loss", "d": d, "v": v, "load_avg_1m": common.load_avg_1m(),
              "cpus": os.cpu_count(), "runs": results}
   pair = {r["variant"]: r for r in results if r.get("n") == n and "error" not in r}
   if "fused" in pair and "materialised" in pair:
@@ -162,8 +162,8 @@ def main():
         (f["peak_rss_gib"] - f["inputs_rss_gib"]) / (m["peak_rss_gib"] - m["inputs_rss_gib"]), 4)
     summary["time_ratio_fused_over_materialised"] = round(
         f["step_s_median"] / m["step_s_median"], 4)
-  print(json.dumps(summary))
+  common.emit(summary)
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -18,12 +18,11 @@ rollout routing replay (issue 31). Prints one JSON line.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import time
+from absl import app, flags
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from experiments.benchmarks import common
+
+common.setup_platform()  # before jax is imported
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -33,6 +32,20 @@ from legorl_jax.models import get_preset, moe  # noqa: E402
 from legorl_jax.models.build import create_model  # noqa: E402
 from legorl_jax.models.params import split_model  # noqa: E402
 from legorl_jax.trainer import train_step as ts  # noqa: E402
+
+flags.DEFINE_integer("tokens", 1024, "Tokens of the timed expert layer.")
+flags.DEFINE_integer("dim", 128, "Hidden size of the timed expert layer.")
+flags.DEFINE_integer("experts", 128, "Experts (Qwen3-30B-A3B's 128, top-8).")
+flags.DEFINE_integer("top_k", 8, "Experts per token.")
+flags.DEFINE_integer("width", 64, "Expert intermediate size.")
+flags.DEFINE_integer("repeats", 3, "Timed fwd+bwd calls per variant.")
+flags.DEFINE_enum("sampler", "bf16", ["bf16", "noise"],
+                  "Mismatch: a bfloat16 sampler, or router kernels perturbed by --noise.")
+flags.DEFINE_float("noise", 0.02, "Std of the router-kernel noise (--sampler noise).")
+flags.DEFINE_integer("rows", 8, "Rollout rows of the mismatch measurement.")
+flags.DEFINE_integer("prompt", 32, "Prompt tokens per row.")
+flags.DEFINE_integer("new", 32, "Sampled tokens per row.")
+FLAGS = flags.FLAGS
 
 
 def time_experts(tokens, dim, experts, top_k, width, repeats):
@@ -49,12 +62,8 @@ def time_experts(tokens, dim, experts, top_k, width, repeats):
       r = moe.route(x, router, top_k, True)
       return jnp.sum(fn(x, r.experts, r.gates, *w) ** 2)
     step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
-    jax.block_until_ready(step(x, router, *w))
-    times = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      jax.block_until_ready(step(x, router, *w))
-      times.append(time.perf_counter() - t0)
+    times, _ = common.time_calls(lambda step=step: step(x, router, *w), repeats,
+                                 sync=jax.block_until_ready)
     out[f"{name}_s"] = float(np.median(times))
   out["speedup_blocked_vs_naive"] = out["naive_s"] / out["blocked_s"]
   out["speedup_ragged_vs_naive"] = out["naive_s"] / out["ragged_s"]
@@ -136,26 +145,15 @@ def mismatch(args):
   return out
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--tokens", type=int, default=1024)
-  ap.add_argument("--dim", type=int, default=128)
-  ap.add_argument("--experts", type=int, default=128)  # Qwen3-30B-A3B's 128 experts, top-8
-  ap.add_argument("--top_k", type=int, default=8)
-  ap.add_argument("--width", type=int, default=64)
-  ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--sampler", choices=("bf16", "noise"), default="bf16")
-  ap.add_argument("--noise", type=float, default=0.02)
-  ap.add_argument("--rows", type=int, default=8)
-  ap.add_argument("--prompt", type=int, default=32)
-  ap.add_argument("--new", type=int, default=32)
-  args = ap.parse_args()
-  print(json.dumps(dict(
+def main(argv):
+  del argv
+  args = FLAGS
+  common.emit(dict(
       benchmark="moe_routing", backend=jax.default_backend(),
       grouped_vs_naive=time_experts(args.tokens, args.dim, args.experts, args.top_k,
                                     args.width, args.repeats),
-      mismatch=mismatch(args))))
+      mismatch=mismatch(args)))
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -15,18 +15,26 @@ CPU time is the steadier of the two). Prints one JSON line.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import time
+from absl import app, flags
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from experiments.benchmarks import common
+
+common.setup_platform()  # before jax is imported
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from legorl_jax.models import create_model  # noqa: E402
 from legorl_jax.sampling import Engine, SamplingParams, steps  # noqa: E402
+
+flags.DEFINE_string("preset", "small", "Model preset (random weights).")
+flags.DEFINE_integer("turns", 10, "Turns of the session.")
+flags.DEFINE_integer("turn_tokens", 200, "New prompt tokens per turn.")
+flags.DEFINE_integer("new_tokens", 32, "Greedy tokens sampled per turn.")
+flags.DEFINE_integer("prefill_chunk", 64, "Engine prefill chunk.")
+flags.DEFINE_bool("reuse_sampled_kv", False,
+                  "The reuse side also reuses the sampled tokens' K/V (not bit-exact).")
+FLAGS = flags.FLAGS
 
 
 def sessions(engines, rng, turns: int, turn_tokens: int, new_tokens: int, vocab: int):
@@ -43,26 +51,19 @@ def sessions(engines, rng, turns: int, turn_tokens: int, new_tokens: int, vocab:
     new = rng.integers(0, vocab, turn_tokens).tolist()
     for i, engine in enumerate(engines):
       histories[i] = histories[i] + new
-      t0, c0 = time.perf_counter(), time.process_time()
-      done = engine.generate(histories[i], params, session_id=sid)
-      secs[i] += time.perf_counter() - t0
-      cpu[i] += time.process_time() - c0
+      with common.Timer() as t:
+        done = engine.generate(histories[i], params, session_id=sid)
+      secs[i] += t.wall
+      cpu[i] += t.cpu
       histories[i] = histories[i] + done.token_ids
   out = [(secs[i], cpu[i], e.stats()["prefill_tokens"] - before[i])
          for i, e in enumerate(engines)]
   return out, len(histories[0])
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--preset", default="small")
-  ap.add_argument("--turns", type=int, default=10)
-  ap.add_argument("--turn_tokens", type=int, default=200)
-  ap.add_argument("--new_tokens", type=int, default=32)
-  ap.add_argument("--prefill_chunk", type=int, default=64)
-  ap.add_argument("--reuse_sampled_kv", action="store_true",
-                  help="the reuse side also reuses the sampled tokens' K/V (not bit-exact)")
-  args = ap.parse_args()
+def main(argv):
+  del argv
+  args = FLAGS
   model = create_model(args.preset, seed=0)
   vocab = model.config.vocab_size
   need = args.turns * (args.turn_tokens + args.new_tokens)
@@ -89,9 +90,9 @@ def main():
   result["speedup"] = round(result["no_reuse_s"] / result["reuse_s"], 2)
   # CPU seconds of the process (both engines' threads): less sensitive to other load than wall.
   result["speedup_cpu"] = round(result["no_reuse_cpu_s"] / result["reuse_cpu_s"], 2)
-  result["load_avg_1m"] = os.getloadavg()[0]
-  print(json.dumps(result))
+  result["load_avg_1m"] = common.load_avg_1m()
+  common.emit(result)
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -26,17 +26,31 @@ floor under the proxy's figure on the same machine.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import random
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from absl import app, flags
+
+from experiments.benchmarks import common
+
+common.setup_platform()  # before jax is imported (the client process never imports it)
 
 import numpy as np  # noqa: E402
+
+flags.DEFINE_enum("scenario", "chat", ["chat", "agent"], "See the module docstring.")
+flags.DEFINE_string("preset", "tiny", "Policy preset on the engine (chat scenario).")
+flags.DEFINE_list("concurrency", ["1", "64"], "Concurrent sessions, one level each.")
+flags.DEFINE_integer("turns", 10, "Turns per conversation.")
+flags.DEFINE_integer("single_repeats", 5,
+                     "1-session conversations run one after another (pooled).")
+flags.DEFINE_integer("max_tokens", 4, "Sampled tokens per request.")
+flags.DEFINE_integer("max_len", 512, "Engine context length.")
+flags.DEFINE_bool("floor", False,
+                  "Also measure a bare HTTP server on the same engine (chat scenario).")
+FLAGS = flags.FLAGS
 
 _WORDS = ("the of and to in file test function error return value import class def self "
           "assert path line module config").split()
@@ -239,25 +253,15 @@ def _backend(args, batch, tokenizer):
   return EngineBackend(engine), engine
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--scenario", default="chat", choices=("chat", "agent"))
-  ap.add_argument("--preset", default="tiny")
-  ap.add_argument("--concurrency", default="1,64")
-  ap.add_argument("--turns", type=int, default=10)
-  ap.add_argument("--single_repeats", type=int, default=5,
-                  help="1-session conversations run one after another (pooled)")
-  ap.add_argument("--max_tokens", type=int, default=4)
-  ap.add_argument("--max_len", type=int, default=512)
-  ap.add_argument("--floor", action="store_true",
-                  help="also measure a bare HTTP server on the same engine (chat scenario)")
-  args = ap.parse_args()
+def main(argv):
+  del argv
+  args = FLAGS
   if args.floor and args.scenario != "chat":
-    ap.error("--floor needs --scenario chat (it samples from the engine)")
+    raise app.UsageError("--floor needs --scenario chat (it samples from the engine)")
   from legorl_jax.models.tokenizer import load_tokenizer
   from legorl_jax.proxy import ProxyConfig, ProxyServer
 
-  levels = [int(c) for c in args.concurrency.split(",")]
+  levels = [int(c) for c in args.concurrency]
   tokenizer = load_tokenizer()
   backend, engine = _backend(args, max(levels), tokenizer)
   server = ProxyServer(backend, tokenizer, ProxyConfig()).start()
@@ -289,9 +293,9 @@ def main():
     server.stop()
     if engine is not None:
       engine.stop()
-  result["load_avg_1m"] = round(os.getloadavg()[0], 2)
-  print(json.dumps(result))
+  result["load_avg_1m"] = common.load_avg_1m()
+  common.emit(result)
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -26,6 +26,8 @@ import time
 
 from absl import app, flags
 
+from experiments.benchmarks import common
+
 flags.DEFINE_list("tasks", None, "Task JSONL files built by make_tasks --from_repo/--pypi.", required=True)
 flags.DEFINE_list("harnesses", ["builtin", "mini-swe-agent"], "Harnesses to run the scripted policy in.")
 flags.DEFINE_integer("sample", 20, "Tasks drawn per file (all when fewer).")
@@ -94,7 +96,7 @@ def main(argv):
       entry["harnesses"][harness] = res
     out["projects"][name] = entry
   out["uptime"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-  print(json.dumps(out, sort_keys=True))
+  common.emit(out, sort_keys=True)
 
 
 if __name__ == "__main__":

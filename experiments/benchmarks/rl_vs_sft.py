@@ -16,6 +16,8 @@ import time
 
 from absl import app, flags
 
+from experiments.benchmarks import common
+
 flags.DEFINE_string("workdir", None, "A finished demo run's directory.")
 flags.DEFINE_float("seconds", None, "SFT time budget (default: the run's RL wall time).")
 flags.mark_flags_as_required(["workdir"])
@@ -64,7 +66,7 @@ def main(argv):
   n = int(cfg.eval.samples)
   line = {"benchmark": "rl_vs_sft", "workdir": wd, "policy": summary.get("policy"),
           "trainable": summary.get("trainable"), "seconds": budget, "sft_continuation_s": sft_s,
-          "sft_continuation_steps": last.get("sft_step", 0), "load_avg_1m": os.getloadavg()[0]}
+          "sft_continuation_steps": last.get("sft_step", 0), "load_avg_1m": common.load_avg_1m()}
   # One table per held-out set: the main one ("val_..." in summary.json), then the extras
   # ("val_MODE_...").
   for mode in ("", *extra_sets):
@@ -84,7 +86,8 @@ def main(argv):
     for label, (s_, g, p) in zip(("before", "after_rl", "after_sft_continuation"), rows.values()):
       line.update({f"{pre}solve_rate_{label}": s_, f"{pre}greedy_{label}": g,
                    f"{pre}pass@{n}_{label}": p})
-  print(json.dumps(line))
+  common.emit(line)
+
 
 if __name__ == "__main__":
   app.run(main)

@@ -16,20 +16,34 @@ ratio per batch size, and how often both picked the same greedy token.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import tempfile
 import threading
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from absl import app, flags
+
+from experiments.benchmarks import common
+
+common.setup_platform()  # before jax is imported
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from legorl_jax.models import PRESETS, create_model, from_pretrained, hf_io, pretrained
-from legorl_jax.sampling import Engine, SamplingParams
+from legorl_jax.models import PRESETS, create_model, from_pretrained, hf_io, pretrained  # noqa: E402
+from legorl_jax.sampling import Engine, SamplingParams  # noqa: E402
+
+flags.DEFINE_string("preset", "small", "Same as --model=PRESET.")
+flags.DEFINE_string("model", None,
+                    "Preset, HF directory, pretrained name or .gguf (default: --preset).")
+flags.DEFINE_list("batches", ["1", "16"], "Batch sizes (concurrent requests).")
+flags.DEFINE_integer("prompt_len", 64, "Prompt tokens per request.")
+flags.DEFINE_integer("new_tokens", 128, "Greedy tokens per request.")
+flags.DEFINE_integer("decode_chunk", 16, "Engine decode steps per call.")
+flags.DEFINE_integer("repeats", 1, "Alternating timed runs per side (each keeps its best).")
+flags.DEFINE_integer("torch_threads", 0, "0: PyTorch's default.")
+flags.DEFINE_float("join_window_s", None,
+                   "Engine(join_window_s=...); default: the engine's; 0: no join window.")
+FLAGS = flags.FLAGS
 
 
 def _engine_run(engine: Engine, prompts, new_tokens: int) -> tuple[float, list]:
@@ -74,25 +88,14 @@ def _load(name: str, seed: int = 0):
   return from_pretrained(path), hf_model, str(path)
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--preset", default="small", help="same as --model=PRESET")
-  ap.add_argument("--model", default=None,
-                  help="preset, HF directory, pretrained name or .gguf (default: --preset)")
-  ap.add_argument("--batches", default="1,16")
-  ap.add_argument("--prompt_len", type=int, default=64)
-  ap.add_argument("--new_tokens", type=int, default=128)
-  ap.add_argument("--decode_chunk", type=int, default=16)
-  ap.add_argument("--repeats", type=int, default=1)
-  ap.add_argument("--torch_threads", type=int, default=0, help="0: PyTorch's default")
-  ap.add_argument("--join_window_s", type=float, default=None,
-                  help="Engine(join_window_s=...); default: the engine's; 0: no join window")
-  args = ap.parse_args()
+def main(argv):
+  del argv
+  args = FLAGS
   import torch
   if args.torch_threads:
     torch.set_num_threads(args.torch_threads)
 
-  batches = [int(b) for b in args.batches.split(",")]
+  batches = [int(b) for b in args.batches]
   model, hf_model, loaded = _load(args.model or args.preset)
   hf_model.generation_config.eos_token_id = None  # generate all new_tokens, as the engine does
 
@@ -138,9 +141,9 @@ def main():
   result["greedy_token_agreement"] = round(min(agree), 4)
   result["compilations"] = engine.stats()["compilations"]
   result["reused_prompt_tokens_timed"] = reused  # 0: every timed prompt was prefilled in full
-  result["load_avg_1m"] = round(os.getloadavg()[0], 2)
-  print(json.dumps(result))
+  result["load_avg_1m"] = common.load_avg_1m()
+  common.emit(result)
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

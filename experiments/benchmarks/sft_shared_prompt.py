@@ -14,41 +14,27 @@ their common prefix, branch = the longest rest, rounded up to 8).
 Prints one JSON line: median seconds and CPU-seconds per step for each layout and their ratios.
 """
 
-import argparse
-import json
-import os
 import statistics
 import tempfile
 import time
 
+from absl import app, flags
 
-def collect(num_demos: int, workdir: str, cfg):
-  from legorl_jax.harnesses import registry
-  from legorl_jax.rollout.trial import TrialConfig
-  from legorl_jax.sandbox import SandboxConfig
-  from legorl_jax.trainer import pipeline, sft
-  _, _, train_tasks = pipeline.load_tasks(cfg)
-  _, tokenizer = pipeline.build_policy(cfg)
-  adapter = registry.get_adapter(cfg.harness.name.split(":")[0])
-  trial_cfg = TrialConfig(harness_timeout_s=float(cfg.harness.timeout_s),
-                          max_turns=int(cfg.harness.max_turns),
-                          sandbox=SandboxConfig(backend=cfg.sandbox.backend))
-  return sft.collect_demonstrations(train_tasks[:num_demos], lambda t: adapter, tokenizer, trial_cfg,
-                                    os.path.join(workdir, "demos"), os.path.join(workdir, "sockets"),
-                                    concurrency=int(cfg.rollout.concurrency))
+from experiments.benchmarks import common
+
+flags.DEFINE_string("demos", None, "A demos.jsonl (default: collect --num_demos).")
+flags.DEFINE_integer("num_demos", 128, "Demonstrations to collect.")
+flags.DEFINE_integer("steps", 20, "Timed steps per layout (after 3 warm-up).")
+flags.DEFINE_integer("branches", 8, "Demonstrations behind each shared prompt.")
+flags.DEFINE_integer("rows", 2, "Shared rows per step.")
+flags.DEFINE_integer("plain_micro", 1, "Micro-batches of a plain step.")
+flags.DEFINE_integer("shared_micro", 1, "Micro-batches of a shared step.")
+FLAGS = flags.FLAGS
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--demos", default=None, help="a demos.jsonl (default: collect --num_demos)")
-  p.add_argument("--num_demos", type=int, default=128)
-  p.add_argument("--steps", type=int, default=20, help="timed steps per layout (after 3 warm-up)")
-  p.add_argument("--branches", type=int, default=8)
-  p.add_argument("--rows", type=int, default=2, help="shared rows per step")
-  p.add_argument("--plain_micro", type=int, default=1, help="micro-batches of a plain step")
-  p.add_argument("--shared_micro", type=int, default=1, help="micro-batches of a shared step")
-  args = p.parse_args()
-
+def main(argv):
+  del argv
+  args = FLAGS
   from experiments.configs import demo_tiny as demo
   from legorl_jax.trainer import batching
   from legorl_jax.trainer import pipeline, sft
@@ -59,13 +45,13 @@ def main():
   if args.demos:
     demos = sft.load_demonstrations(args.demos)
   else:
-    demos = collect(args.num_demos, tempfile.mkdtemp(prefix="sft_shared_"), cfg)
+    demos = common.collect_demos(args.num_demos, tempfile.mkdtemp(prefix="sft_shared_"), cfg)
   collect_s = time.perf_counter() - t0
   seqs = [s for d in demos for s in batching.sequences_from_trajectory(d, 1.0)]
   if len(seqs) < 2:
     raise SystemExit("need at least two demonstrations")
-  common = batching.shared_prompt_length(seqs)
-  branch = -(-(max(len(s.token_ids) for s in seqs) - common + 1) // 8) * 8
+  shared_len = batching.shared_prompt_length(seqs)
+  branch = -(-(max(len(s.token_ids) for s in seqs) - shared_len + 1) // 8) * 8
   per_step = args.branches * args.rows
   model, _ = pipeline.build_policy(cfg)
   results = {}
@@ -73,37 +59,30 @@ def main():
     c = pipeline.sft_config(cfg)
     c.trainer.rows_per_batch = per_step
     c.trainer.micro_batches = args.plain_micro if mode == "plain" else args.shared_micro
-    c.trainer.share_prompt = ((common - 1, branch, args.branches, args.rows) if mode == "shared"
+    c.trainer.share_prompt = ((shared_len - 1, branch, args.branches, args.rows) if mode == "shared"
                               else ())
     learner = Learner(model, c, seed=0)
     sft.run_sft(learner, demos, c, steps=3, seed=0)  # compiles the common shapes
     walls, cpus = [], []
-    marks = [time.perf_counter(), time.process_time()]
-
-    def on_step(step, m, walls=walls, cpus=cpus, marks=marks):
-      now = [time.perf_counter(), time.process_time()]
-      walls.append(now[0] - marks[0])
-      cpus.append(now[1] - marks[1])
-      marks[:] = now
-
-    last = sft.run_sft(learner, demos, c, steps=args.steps, seed=1, on_step=on_step)
+    last = sft.run_sft(learner, demos, c, steps=args.steps, seed=1,
+                       on_step=common.step_timer(walls, cpus))
     # medians: a step that meets a new scored-token cap compiles once, which is not step time
     results[mode] = {"s_per_step_median": round(statistics.median(walls), 4),
                      "cpu_s_per_step_median": round(statistics.median(cpus), 4),
                      "s_per_step_mean": round(sum(walls) / len(walls), 4),
                      "last_nll": round(float(last["nll"]), 4),
                      "layout": list(c.trainer.share_prompt) or None}
-  print(json.dumps({
+  common.emit({
       "benchmark": "sft_shared_prompt", "demos": len(seqs), "collect_s": round(collect_s, 1),
       "demo_tokens_mean": round(sum(len(s.token_ids) for s in seqs) / len(seqs), 1),
-      "common_prefix_tokens": common, "demos_per_step": per_step, "buckets": list(cfg.sft.buckets),
+      "common_prefix_tokens": shared_len, "demos_per_step": per_step, "buckets": list(cfg.sft.buckets),
       "micro_batches": {"plain": args.plain_micro, "shared": args.shared_micro},
       "plain": results["plain"], "shared": results["shared"],
       "ratio_wall": round(results["plain"]["s_per_step_median"] / results["shared"]["s_per_step_median"], 3),
       "ratio_cpu": round(results["plain"]["cpu_s_per_step_median"]
                          / results["shared"]["cpu_s_per_step_median"], 3),
-      "load_avg_1m": round(os.getloadavg()[0], 2)}))
+      "load_avg_1m": common.load_avg_1m()})
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -17,41 +17,28 @@ Prints one JSON line: each side's SFT wall, median seconds per step (after the f
 which compile), the cache's size and fill time, and the ratios.
 """
 
-import argparse
-import json
-import os
 import statistics
 import tempfile
 import time
 
+from absl import app, flags
 
-def collect(num_demos: int, workdir: str, cfg, tokenizer):
-  from legorl_jax.harnesses import registry
-  from legorl_jax.rollout.trial import TrialConfig
-  from legorl_jax.sandbox import SandboxConfig
-  from legorl_jax.trainer import pipeline, sft
-  _, _, train_tasks = pipeline.load_tasks(cfg)
-  adapter = registry.get_adapter(cfg.harness.name.split(":")[0])
-  trial_cfg = TrialConfig(harness_timeout_s=float(cfg.harness.timeout_s),
-                          max_turns=int(cfg.harness.max_turns),
-                          sandbox=SandboxConfig(backend=cfg.sandbox.backend))
-  return sft.collect_demonstrations(train_tasks[:num_demos], lambda t: adapter, tokenizer, trial_cfg,
-                                    os.path.join(workdir, "demos"), os.path.join(workdir, "sockets"),
-                                    concurrency=int(cfg.rollout.concurrency))
+from experiments.benchmarks import common
+
+flags.DEFINE_string("demos", None, "A demos.jsonl (default: collect --num_demos).")
+flags.DEFINE_integer("num_demos", 320, "Demonstrations to collect (the demo's sft.num_demos).")
+flags.DEFINE_string("model", None,
+                    "model.pretrained: a name, .gguf or HF directory (default: the demo's).")
+flags.DEFINE_integer("steps", 160, "SFT steps per side (the demo's 160).")
+flags.DEFINE_float("cache_mb", 2048.0, "sft.trunk_cache_mb of the cached side.")
+flags.DEFINE_bool("cache_first", False,
+                  "Run the cached side first (on a busy host, run both orders).")
+FLAGS = flags.FLAGS
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--demos", default=None, help="a demos.jsonl (default: collect --num_demos)")
-  p.add_argument("--num_demos", type=int, default=320, help="the demo's sft.num_demos")
-  p.add_argument("--model", default=None,
-                 help="model.pretrained: a name, .gguf or HF directory (default: the demo's)")
-  p.add_argument("--steps", type=int, default=160, help="SFT steps per side (the demo's 160)")
-  p.add_argument("--cache_mb", type=float, default=2048.0, help="sft.trunk_cache_mb of the cached side")
-  p.add_argument("--cache_first", action="store_true",
-                 help="run the cached side first (on a busy host, run both orders)")
-  args = p.parse_args()
-
+def main(argv):
+  del argv
+  args = FLAGS
   from experiments.configs import demo
   from legorl_jax.trainer import batching
   from legorl_jax.trainer import pipeline, sft
@@ -65,7 +52,8 @@ def main():
   if args.demos:
     demos = sft.load_demonstrations(args.demos)
   else:
-    demos = collect(args.num_demos, tempfile.mkdtemp(prefix="sft_trunk_"), cfg, tokenizer)
+    demos = common.collect_demos(args.num_demos, tempfile.mkdtemp(prefix="sft_trunk_"), cfg,
+                                 tokenizer=tokenizer)
   collect_s = time.perf_counter() - t0
   seqs = [s for d in demos for s in batching.sequences_from_trajectory(d, 1.0)]
   results, losses = {}, {}
@@ -74,22 +62,20 @@ def main():
     c = pipeline.sft_config(cfg)
     learner = Learner(model, c, seed=int(cfg.seed))
     walls, nll, last = [], [], {}
-    marks = [time.perf_counter()]
+    tick = common.step_timer(walls)
 
-    def on_step(step, m, walls=walls, nll=nll, marks=marks, last=last):
-      now = time.perf_counter()
-      walls.append(now - marks[0])
-      marks[0] = now
+    def on_step(step, m, tick=tick, nll=nll, last=last):
+      tick()
       nll.append(float(m["nll"]))
       last.update(m)
 
-    cpu0, t1 = time.process_time(), time.perf_counter()
-    sft.run_sft(learner, demos, c, steps=args.steps, seed=int(cfg.seed), on_step=on_step,
-                trunk_cache_mb=mb)
-    wall = time.perf_counter() - t1
+    with common.Timer() as side:
+      sft.run_sft(learner, demos, c, steps=args.steps, seed=int(cfg.seed), on_step=on_step,
+                  trunk_cache_mb=mb)
+    wall = side.wall
     losses[mode] = nll
     steady = walls[2:] or walls
-    results[mode] = {"sft_wall_s": round(wall, 1), "cpu_s": round(time.process_time() - cpu0, 1),
+    results[mode] = {"sft_wall_s": round(wall, 1), "cpu_s": round(side.cpu, 1),
                      "s_per_step_median": round(statistics.median(steady), 3),
                      "first_steps_s": [round(w, 1) for w in walls[:2]],
                      "last_nll": round(nll[-1], 4)}
@@ -97,7 +83,7 @@ def main():
       results[mode].update({k.split("/")[1]: (round(v, 1) if isinstance(v, float) else v)
                             for k, v in last.items() if k.startswith("trunk_cache/")})
   dnll = max(abs(a - b) for a, b in zip(losses["no_cache"], losses["cache"]))
-  print(json.dumps({
+  common.emit({
       "benchmark": "sft_trunk_cache", "model": cfg.model.pretrained, "trainable": cfg.trainer.trainable,
       "layout": list(cfg.sft.share_prompt), "steps": args.steps, "demos": len(demos),
       "order": [m for m, _ in (sides[::-1] if args.cache_first else sides)],
@@ -107,8 +93,8 @@ def main():
       "ratio_sft_wall": round(results["no_cache"]["sft_wall_s"] / results["cache"]["sft_wall_s"], 3),
       "ratio_s_per_step": round(results["no_cache"]["s_per_step_median"]
                                 / results["cache"]["s_per_step_median"], 3),
-      "max_abs_dnll": dnll, "load_avg_1m": round(os.getloadavg()[0], 2)}))
+      "max_abs_dnll": dnll, "load_avg_1m": common.load_avg_1m()})
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -22,6 +22,8 @@ import time
 
 from absl import app, flags
 
+from experiments.benchmarks import common
+
 flags.DEFINE_integer("trials", 200, "Trials in all (warm-up included).")
 flags.DEFINE_integer("concurrency", 16, "Trials running at once.")
 flags.DEFINE_integer("warmup", 32, "Trials before the baseline is measured.")
@@ -165,12 +167,12 @@ def main(argv):
       "trials_per_min": round(60 * len(jobs) / (t2 - t0), 1),
       "trials_per_min_after_warmup": round(60 * (len(jobs) - FLAGS.warmup) / (t2 - t1), 1),
       "sampled_tokens": sum(r.sampled_tokens for r in results),
-      "wall_s": round(t2 - t0, 1), "load_avg_1m": os.getloadavg()[0],
+      "wall_s": round(t2 - t0, 1), "load_avg_1m": common.load_avg_1m(),
       "bwrap": local.bwrap_path() is not None,
   }
   if not FLAGS.workdir:
     shutil.rmtree(root, ignore_errors=True)
-  print(json.dumps(out))
+  common.emit(out)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ pays), sequentially and with concurrency, and prints medians per phase.
   python -m experiments.benchmarks.trial_overhead --trials=24
 """
 
-import json
 import os
 import statistics
 import tempfile
 import time
 
 from absl import app, flags
+
+from experiments.benchmarks import common
 
 flags.DEFINE_integer("trials", 24, "Trials per setting.")
 flags.DEFINE_integer("concurrency", 4, "Concurrent trials in the second setting.")
@@ -38,7 +39,7 @@ def main(argv):
   proxy = scripted_proxy(tok, ScriptedPolicy(patches_by_instruction(tasks)).reply, root)
   cfg = TrialConfig(sandbox=SandboxConfig(backend=FLAGS.backend), keep_trajectory_files=False)
   out = {"benchmark": "trial_overhead", "backend": FLAGS.backend, "trials": FLAGS.trials,
-         "load_avg_1m": os.getloadavg()[0]}
+         "load_avg_1m": common.load_avg_1m()}
   try:
     for conc in (1, FLAGS.concurrency):
       jobs = [TrialJob(t, BuiltinAdapter(), group=i) for i, t in enumerate(tasks)]
@@ -54,7 +55,7 @@ def main(argv):
             + f"; {60 * len(res) / wall:.0f} trials/min; solved {solved}/{len(res)}")
   finally:
     proxy.stop()
-  print(json.dumps(out))
+  common.emit(out)
 
 
 if __name__ == "__main__":
