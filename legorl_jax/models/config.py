@@ -157,6 +157,11 @@ _QWEN3 = dict(architecture="qwen3", vocab_size=151936, head_dim=128, rope_theta=
               bos_token_id=None, eos_token_id=151645, pad_token_id=151643)
 PRESETS: dict[str, ModelConfig] = {
     "tiny": _TINY,
+    # ``tiny`` with every MLP a mixture of 8 experts, top-2, each half as wide: the same active
+    # MLP parameters per token as ``tiny`` (2 x 192 = 384), for MoE pipeline tests and the
+    # MoE-vs-dense benchmark (experiments/benchmarks/moe_throughput.py).
+    "tiny-moe": _TINY.replace(architecture="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+                              moe_intermediate_size=192),
     "small": _SMALL,
     "qwen3-0.6b": ModelConfig(**_QWEN3, hidden_size=1024, intermediate_size=3072, num_layers=28,
                               num_heads=16, num_kv_heads=8, tie_word_embeddings=True),

@@ -383,7 +383,8 @@ class Decoder(nnx.Module):
     """``hidden`` that also returns the routing (``RouteInfo``); arguments as ``hidden``.
 
     experts: optional int [B, T, L_moe, k] routes to replay (routing replay); without it each
-      sparse layer computes top-k. Padding tokens (segment id 0) may carry any valid id.
+      sparse layer computes top-k, as it does for a token whose ids in a layer are negative (no
+      route recorded, e.g. padding or the last sampled token: ``moe.route``).
     Returns (hidden [B, T, D], RouteInfo).
     """
     c = self.config

@@ -21,7 +21,7 @@ would make a token's output depend on which other tokens share its batch).
 
 Routing replay: ``route(..., experts=given)`` uses given expert indices instead of top-k; the
 gate weights still come from the current router's softmax at those indices, so the router
-receives gradient through them.
+receives gradient through them. Negative ids mark tokens without a recorded route (top-k then).
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ def route(x: jax.Array, router_kernel: jax.Array, top_k: int, norm_topk_prob: bo
     router_kernel: [D, E].
     top_k: experts per token.
     norm_topk_prob: renormalise the k selected probabilities to sum to 1.
-    experts: optional int [N, k] given selection (routing replay); top-k is not computed and the
-      gates are the current probabilities at these ids, differentiable w.r.t. the router.
+    experts: optional int [N, k] given selection (routing replay); the gates are the current
+      probabilities at these ids, differentiable w.r.t. the router. A token whose row holds a
+      negative id (the sampler recorded no route for it, ``sampling.cache``) gets the current
+      top-k instead.
   Returns:
     Routing (experts int32 [N, k], gates f32 [N, k], probs f32 [N, E]).
   """
@@ -72,6 +74,8 @@ def route(x: jax.Array, router_kernel: jax.Array, top_k: int, norm_topk_prob: bo
           f"replayed routes have shape {tuple(experts.shape)}, expected {(x.shape[0], top_k)} "
           f"([tokens, num_experts_per_tok]); record them with the same model config.")
     experts = experts.astype(jnp.int32)
+    unrecorded = jnp.any(experts < 0, axis=-1, keepdims=True)
+    experts = jnp.where(unrecorded, jax.lax.top_k(probs, top_k)[1], experts)
     gates = jnp.take_along_axis(probs, experts, axis=-1)
   if norm_topk_prob:
     gates = gates / jnp.sum(gates, axis=-1, keepdims=True)

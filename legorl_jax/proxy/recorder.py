@@ -7,6 +7,14 @@ call whose prompt extends an open segment's sequence (prompt + sampled ids) appe
 the new prompt tokens with mask 0 and the sampled ones with mask 1; any other call opens a
 new segment with a recorded reason. Segments live in *streams* ("main", "title", sub-agents,
 ...); only streams in ``train_streams`` are used for training.
+
+Mixture-of-experts policies: when the backend's completions carry routes (``Completion.routes``,
+the experts of every prompt and sampled token per sparse layer), a segment keeps them aligned
+with its tokens, for rollout routing replay in the learner. A token's routes are the first ones
+recorded for it: a sampled token's come from the decode step of its own call (what the next
+sampled tokens' logprobs were drawn with); a later call that prefills it again only fills in
+routes still missing (-1, e.g. the last sampled token of the previous call, which is never fed
+back). Segments of dense policies have no routes and no ``routed_experts`` key.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from legorl_jax import errors
+from legorl_jax.proxy import route_codec
 from legorl_jax.proxy.render import same_calls
 from legorl_jax.proxy.types import Message, Reply, RenderedRequest, ToolCall
 from legorl_jax.sampling.params import Completion, SamplingParams
@@ -39,7 +48,8 @@ class Generation:
 
 @dataclasses.dataclass
 class Segment:
-  """One training sequence. token_ids / loss_mask / logprobs are aligned, length T."""
+  """One training sequence. token_ids / loss_mask / logprobs are aligned, length T; so is
+  ``routes`` when the policy's routes were recorded: int ``[T, L_moe, k]``, -1 = no route."""
 
   id: int
   stream: str
@@ -49,11 +59,40 @@ class Segment:
   loss_mask: list[int] = dataclasses.field(default_factory=list)
   logprobs: list[float] = dataclasses.field(default_factory=list)
   calls: list[int] = dataclasses.field(default_factory=list)
+  routes: np.ndarray | None = None
 
-  def extend(self, ids: Sequence[int], sampled: bool, logprobs: Sequence[float] | None = None):
+  def extend(self, ids: Sequence[int], sampled: bool, logprobs: Sequence[float] | None = None,
+             routes: np.ndarray | None = None):
+    """Appends tokens; ``routes``: their routes ``[len(ids), L_moe, k]`` or None (unrecorded)."""
+    before = len(self.token_ids)
     self.token_ids.extend(ids)
     self.loss_mask.extend([1 if sampled else 0] * len(ids))
     self.logprobs.extend(logprobs if sampled else [0.0] * len(ids))
+    self._append_routes(before, len(ids), routes)
+
+  def _append_routes(self, before: int, n: int, routes: np.ndarray | None):
+    if routes is None:
+      if self.routes is not None:  # keep alignment: these tokens have no route
+        self.routes = np.concatenate(
+            [self.routes, np.full((n,) + self.routes.shape[1:], -1, self.routes.dtype)])
+      return
+    if self.routes is None:  # the first routed call: earlier tokens have no route
+      self.routes = np.full((before,) + routes.shape[1:], -1, routes.dtype)
+    elif self.routes.shape[1:] != routes.shape[1:]:
+      raise errors.ProxyError(
+          f"segment {self.id}: a call's routes have shape {routes.shape[1:]} per token, the "
+          f"segment's {self.routes.shape[1:]}; one session must be served by one policy.",
+          status=500, code="server_error")
+    self.routes = np.concatenate([self.routes, routes.astype(self.routes.dtype)])
+
+  def fill_routes(self, routes: np.ndarray):
+    """Sets the routes still missing (-1) among the first ``len(routes)`` tokens from
+    ``routes`` (a later call's prefill computed them); recorded ones stay."""
+    if self.routes is None or routes.shape[1:] != self.routes.shape[1:]:
+      return
+    head = self.routes[:len(routes)]
+    missing = np.any(head < 0, axis=-1, keepdims=True)
+    self.routes[:len(routes)] = np.where(missing, routes.astype(head.dtype), head)
 
   def to_json(self, calls: Sequence["CallRecord"]) -> dict:
     mine = [calls[i] for i in self.calls]
@@ -63,7 +102,9 @@ class Segment:
             "logprobs": list(self.logprobs),
             "calls": list(self.calls),
             "temperatures": sorted({c.temperature for c in mine}),
-            "params_versions": sorted({c.params_version for c in mine})}
+            "params_versions": sorted({c.params_version for c in mine}),
+            **({} if self.routes is None
+               else {"routed_experts": route_codec.encode(self.routes)})}
 
 
 @dataclasses.dataclass
@@ -194,6 +235,13 @@ class Session:
     """Appends one call to its stream's segments and remembers the generation for splicing."""
     prompt = list(prompt_ids)
     sampled = list(completion.token_ids)
+    routes = completion.routes
+    if routes is not None and np.shape(routes)[0] != len(prompt) + len(sampled):
+      raise errors.ProxyError(
+          f"the policy backend returned routes for {np.shape(routes)[0]} tokens, not the "
+          f"{len(prompt)} prompt + {len(sampled)} sampled ones; the call is not recorded.",
+          status=500, code="server_error")
+    cut = lambda a, b: None if routes is None else np.asarray(routes[a:b])  # noqa: E731
     with self._lock:
       if self._closed:
         # The trial ended while this call was being sampled (e.g. the harness timed out): its
@@ -211,11 +259,15 @@ class Session:
         seg = Segment(id=len(self._segments), stream=stream, train=st.train, reason=reason)
         self._segments.append(seg)
         st.segments.append(seg)
-        seg.extend(prompt, sampled=False)
+        seg.extend(prompt, sampled=False, routes=cut(0, len(prompt)))
       else:
-        seg.extend(prompt[len(seg.token_ids):], sampled=False)
+        n = len(seg.token_ids)
+        if routes is not None:
+          seg.fill_routes(cut(0, n))
+        seg.extend(prompt[n:], sampled=False, routes=cut(n, len(prompt)))
       offset = len(seg.token_ids)
-      seg.extend(sampled, sampled=True, logprobs=[float(x) for x in completion.logprobs])
+      seg.extend(sampled, sampled=True, logprobs=[float(x) for x in completion.logprobs],
+                 routes=cut(len(prompt), None))
       rec = CallRecord(
           index=len(self._calls), api=request.api, stream=stream, segment=seg.id,
           sample_offset=offset, new_segment=reason, prompt_ids=np.asarray(prompt, np.int32),
@@ -283,7 +335,8 @@ class Session:
     """``{"segments": [train segments], "side_segments": [...], "calls": [...], ...}``.
 
     Each segment: token_ids, loss_mask (1 exactly on sampled tokens), logprobs (aligned,
-    0 where the mask is 0), stream, train, reason, calls, temperatures, params_versions.
+    0 where the mask is 0), stream, train, reason, calls, temperatures, params_versions; and
+    for a mixture-of-experts policy routed_experts (``route_codec.encode`` of its routes).
     """
     with self._lock:
       segs = [s.to_json(self._calls) for s in self._segments]

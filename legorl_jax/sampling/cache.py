@@ -10,6 +10,13 @@ projections, RoPE, MLP), so only the cache glue lives here. Semantics are those 
 ``Decoder.decode``: a token writes K/V at its position (slot ``SCRATCH + position``) and
 attends to every position <= its own; positions < 0 are padding, whose writes land in scratch. The tests check it against the
 teacher-forced ``Decoder.__call__``.
+
+Mixture-of-experts policies may also keep a *route cache* beside K/V (``Cache.routes``): the
+experts each cached token was routed to in every sparse layer, written by the same step that
+writes its K/V. Routes then travel with the K/V they produced (prefix copies, row swaps), so a
+completion can report the routes of every token its logprobs depended on, reused prefixes
+included (rollout routing replay, ``trainer.routing_replay``). Dense models, and engines that
+do not record routes, carry ``routes=None``: no array, no work.
 """
 
 from __future__ import annotations
@@ -23,8 +30,8 @@ import jax.numpy as jnp
 from legorl_jax.models.config import ModelConfig
 
 
-# Axis of the slot (position) dimension in K and V.
-K_SLOT_AXIS, V_SLOT_AXIS = 3, 2
+# Axis of the slot (position) dimension in K, V and the route cache.
+K_SLOT_AXIS, V_SLOT_AXIS, ROUTE_SLOT_AXIS = 3, 2, 1
 # Scratch slots in front of every row: position p lives in slot ``p + SCRATCH`` and padding
 # tokens write their K/V into slot 0, so cache writes never need bounds checks (a masked "drop"
 # write reads the old value back, and XLA then copies the whole cache at every decode step) and
@@ -35,10 +42,17 @@ SCRATCH = 16
 @flax.struct.dataclass
 class Cache:
   """Per-layer key/value slots: ``k[i]`` is ``[B, Hkv, Dh, SCRATCH + S]``, ``v[i]`` is
-  ``[B, Hkv, SCRATCH + S, Dh]``; position ``p`` is stored in slot ``SCRATCH + p``."""
+  ``[B, Hkv, SCRATCH + S, Dh]``; position ``p`` is stored in slot ``SCRATCH + p``.
+
+  ``routes``: None, or the route cache ``[B, SCRATCH + S, L_moe, k]`` in ``config.route_dtype``
+  (int8 up to 128 experts): slot ``SCRATCH + p`` holds the experts position ``p``'s token was
+  routed to in each sparse layer. It costs ``L_moe * k`` bytes per slot next to K/V's
+  ``2 * L * Hkv * Dh * itemsize`` (Qwen3-30B-A3B: 384 B against 96 KiB in bf16, 0.4%).
+  """
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
+  routes: jax.Array | None = None
 
   @property
   def max_len(self) -> int:
@@ -46,13 +60,20 @@ class Cache:
     return self.v[0].shape[V_SLOT_AXIS] - SCRATCH
 
   @classmethod
-  def zeros(cls, config: ModelConfig, batch: int, max_len: int, dtype=None) -> "Cache":
+  def zeros(cls, config: ModelConfig, batch: int, max_len: int, dtype=None,
+            routes: bool = False) -> "Cache":
+    """An empty cache; ``routes`` adds the route cache (mixture-of-experts models only)."""
     dtype = dtype or config.compute_dtype
     slots = SCRATCH + max_len
     kshape = (batch, config.num_kv_heads, config.head_dim, slots)
     vshape = (batch, config.num_kv_heads, slots, config.head_dim)
+    route_cache = None
+    if routes:
+      rshape = (batch, slots, len(config.moe_layers), config.num_experts_per_tok)
+      route_cache = jnp.full(rshape, -1, config.route_dtype)
     return cls(k=tuple(jnp.zeros(kshape, dtype) for _ in range(config.num_layers)),
-               v=tuple(jnp.zeros(vshape, dtype) for _ in range(config.num_layers)))
+               v=tuple(jnp.zeros(vshape, dtype) for _ in range(config.num_layers)),
+               routes=route_cache)
 
   def window(self, rows, length: int) -> "Cache":
     """Positions ``[0, length)`` of some rows, with the scratch slots (a copy, unless it is the
@@ -69,17 +90,21 @@ class Cache:
       # "fill" gather costs a select over the whole window.
       return jnp.take(x, rows, axis=0, mode="clip")
     return Cache(k=tuple(take(x, K_SLOT_AXIS) for x in self.k),
-                 v=tuple(take(x, V_SLOT_AXIS) for x in self.v))
+                 v=tuple(take(x, V_SLOT_AXIS) for x in self.v),
+                 routes=None if self.routes is None else take(self.routes, ROUTE_SLOT_AXIS))
 
   def put_window(self, rows, sub: "Cache") -> "Cache":
     """Writes back a ``window(rows, length)``; rows ``>= B`` are dropped."""
     def put(full, w, axis):
       if isinstance(rows, int):
-        return jax.lax.dynamic_update_slice(full, w, (0, 0, 0, 0))
+        return jax.lax.dynamic_update_slice(full, w, (0,) * full.ndim)
       index = (rows,) + (slice(None),) * (axis - 1) + (slice(0, w.shape[axis]),)
       return full.at[index].set(w, mode="drop")
+    routes = None
+    if self.routes is not None:
+      routes = put(self.routes, sub.routes, ROUTE_SLOT_AXIS)
     return Cache(k=tuple(put(f, w, K_SLOT_AXIS) for f, w in zip(self.k, sub.k)),
-                 v=tuple(put(f, w, V_SLOT_AXIS) for f, w in zip(self.v, sub.v)))
+                 v=tuple(put(f, w, V_SLOT_AXIS) for f, w in zip(self.v, sub.v)), routes=routes)
 
 
 def attend(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -135,6 +160,16 @@ def _write(x: jax.Array, new: jax.Array, slot: jax.Array, axis: int) -> jax.Arra
   return x.at[index].set(new, mode="promise_in_bounds")
 
 
+def _write_routes(routes: jax.Array, new: jax.Array, slot: jax.Array) -> jax.Array:
+  """Stores ``new [B, T, L_moe, k]`` at ``slot [B, T]`` of the route cache ``[B, S, L_moe, k]``
+  (or, for one row, ``[S, L_moe, k]`` without the batch axis)."""
+  new = new.astype(routes.dtype)
+  if routes.ndim == 3:
+    return jax.lax.dynamic_update_slice(routes, new[0], (slot[0, 0], 0, 0))
+  rows = jnp.arange(slot.shape[0])[:, None]
+  return routes.at[rows, slot].set(new, mode="promise_in_bounds")
+
+
 def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache):
   """Runs new tokens of a ``Decoder`` against the cache.
 
@@ -146,6 +181,8 @@ def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache):
       because XLA otherwise fuses each cache write into two consumers of different shapes (the
       loop carry and the attention's reshaped operand) and copies every layer's cache at every
       step.
+    When the cache has a route cache, each token's experts in every sparse layer are written
+      at its slot too (padding tokens' land in scratch).
   Returns:
     (hidden [B, T, D] final-normed, updated cache).
   """
@@ -155,7 +192,8 @@ def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache):
           & (positions[:, :, None] >= 0))
   slot = jnp.where(positions >= 0, positions + SCRATCH, 0)  # padding writes into scratch
   x = model.embed_tokens(input_ids)
-  ks, vs = [], []
+  ks, vs, routes = [], [], []
+  b, t = input_ids.shape
   for i, block in enumerate(model.layers):
     q, k, v = block.attn.project_qkv(block.attn_norm(x), positions)
     k_cache = _write(cache.k[i], k, slot, K_SLOT_AXIS)
@@ -164,5 +202,13 @@ def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache):
     vs.append(v_cache)
     o = attend(q, k_cache.astype(x.dtype), v_cache.astype(x.dtype), mask)
     x = x + block.attn.output(o)
-    x = x + block.mlp(block.mlp_norm(x))
-  return model.final_norm(x), Cache(k=tuple(ks), v=tuple(vs))
+    if cache.routes is not None and block.sparse:
+      y, routing = block.mlp.routed(block.mlp_norm(x))
+      routes.append(routing.experts.reshape(b, t, -1))
+      x = x + y
+    else:
+      x = x + block.mlp(block.mlp_norm(x))
+  route_cache = None
+  if cache.routes is not None:
+    route_cache = _write_routes(cache.routes, jnp.stack(routes, axis=2), slot)
+  return model.final_norm(x), Cache(k=tuple(ks), v=tuple(vs), routes=route_cache)

@@ -15,12 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from legorl_jax.models import params as model_params
 from legorl_jax.models.decoder import Decoder
 from legorl_jax.sampling import steps
-from legorl_jax.sampling.cache import Cache
+from legorl_jax.sampling.cache import SCRATCH, Cache
 from legorl_jax.sharding import rules as sharding_rules
 
 
@@ -32,10 +32,13 @@ class Device:
     num_rows: cache rows (the engine's ``max_batch`` plus the prefix store's rows).
     max_len: cache slots per row.
     cache_dtype: K/V dtype (None: the model's compute dtype).
+    record_routes: keep the route cache (``sampling.cache``; mixture-of-experts models only).
   """
 
-  def __init__(self, model: Decoder, num_rows: int, max_len: int, cache_dtype=None):
+  def __init__(self, model: Decoder, num_rows: int, max_len: int, cache_dtype=None,
+               record_routes: bool = False):
     self.config, self.num_rows, self.max_len = model.config, num_rows, max_len
+    self.record_routes = bool(record_routes)
     self.graphdef, self.state = nnx.split(model)
     self.model_def, _ = model_params.split_model(model)
     self.version = 0
@@ -55,7 +58,7 @@ class Device:
   def new_cache(self) -> Cache:
     """Zero cache; on the parameters' mesh (if any) with K/V heads split like the weights."""
     make = functools.partial(Cache.zeros, self.config, self.num_rows, self.max_len,
-                             self._cache_dtype)
+                             self._cache_dtype, routes=self.record_routes)
     sharding = jax.tree.leaves(self.state)[0].sharding
     if not isinstance(sharding, NamedSharding):
       return make()
@@ -69,11 +72,12 @@ class Device:
     k = spec((None, "kv_heads", "head_dim", None), (b, h, d, s))
     v = spec((None, "kv_heads", None, "head_dim"), (b, h, s, d))
     n = c.num_layers
-    return jax.jit(make, out_shardings=Cache(k=(k,) * n, v=(v,) * n))()
+    routes = NamedSharding(sharding.mesh, PartitionSpec()) if self.record_routes else None
+    return jax.jit(make, out_shardings=Cache(k=(k,) * n, v=(v,) * n, routes=routes))()
 
   def lost(self) -> bool:
     """True when a failed call consumed (donated) the cache's buffers."""
-    return any(x.is_deleted() for x in self.cache.k + self.cache.v)
+    return any(x.is_deleted() for x in jax.tree.leaves(self.cache))
 
   def reset(self):
     """After a failed step: drop the window buffers and rebuild the cache if it was lost."""
@@ -130,3 +134,9 @@ class Device:
 
   def swap_rows(self, a: int, b: int):
     self.cache = self.swap_step(self.cache, np.int32(a), np.int32(b))
+
+  def routes(self, row: int, length: int) -> np.ndarray:
+    """The route cache of positions ``[0, length)`` of ``row``: ``[length, L_moe, k]`` in
+    ``config.route_dtype`` (a host copy; the next step may overwrite the row)."""
+    full = np.asarray(steps.ROW_ROUTES(self.cache.routes, np.int32(row)))
+    return full[SCRATCH:SCRATCH + length].copy()

@@ -22,7 +22,9 @@ prefix a prompt starts from, and the prefix store), ``buckets`` (the fixed shape
 
 What a completion holds: the sampled ids and, per id, the logprob it was drawn with (see
 ``sampling.sample`` for the convention); a stop string cuts the completion after the token
-that completes it, ids and logprobs alike.
+that completes it, ids and logprobs alike. An engine serving a mixture-of-experts policy also
+returns every token's routed experts (``Completion.routes``, kept in a route cache beside K/V:
+``sampling.cache``), which the proxy records for rollout routing replay.
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ class Engine:
       decode steps (less prefill per turn; results then agree with a cache-off run to float
       tolerance, not bit for bit).
     cache_dtype: K/V dtype (default: the model's compute dtype).
+    record_routes: return each token's routed experts with every completion
+      (``Completion.routes``). Default (None): on for mixture-of-experts models, whose
+      trajectories need them for ``trainer.routing_replay``; dense models have no routes. The
+      route cache adds ``L_moe * k`` bytes per cache slot (``sampling.cache``) and one row read
+      per finished request.
     join_window_s: after admitting a request, how long to wait for another before decoding
       (while rows are free). Callers that submit together (a group of trials, a benchmark's
       threads) land a few ms apart; without the wait the first arrivals decode a whole chunk
@@ -94,8 +101,16 @@ class Engine:
                attn_buckets: Sequence[int] | None = None, decode_chunk: int = 16,
                max_stop_ids: int = 8, seed: int = 0, decode_fn=None, prefix_reuse: bool = True,
                cache_dtype=None, join_window_s: float = 0.003, prefill_chunk: int | None = None,
-               prefix_cache_gb: float = 0.0, reuse_sampled_kv: bool = False):
+               prefix_cache_gb: float = 0.0, reuse_sampled_kv: bool = False,
+               record_routes: bool | None = None):
     cfg = model.config
+    if record_routes is None:
+      record_routes = bool(cfg.moe_layers)
+    if record_routes and not cfg.moe_layers:
+      raise errors.ConfigError(
+          f"Engine(record_routes=True) needs a mixture-of-experts model (qwen3_moe); this "
+          f"{cfg.architecture} model is dense and routes nothing.")
+    self.record_routes = bool(record_routes)
     if max_batch < 1 or decode_chunk < 1 or max_stop_ids < 1:
       raise errors.ConfigError(
           f"Engine needs max_batch, decode_chunk and max_stop_ids >= 1, got {max_batch}, "
@@ -125,10 +140,11 @@ class Engine:
     self._decode_fn = as_decode_fn(decode_fn)
     self._seed_rng = np.random.default_rng(seed)
 
-    row_bytes = prefix_cache.row_bytes(cfg, max_len, cache_dtype)
+    row_bytes = prefix_cache.row_bytes(cfg, max_len, cache_dtype, routes=self.record_routes)
     store_rows = int(prefix_cache_gb * (1 << 30) // row_bytes) if prefix_reuse else 0
     # cache rows: live rows, then the prefix store
-    self._device = Device(model, max_batch + store_rows, max_len, cache_dtype)
+    self._device = Device(model, max_batch + store_rows, max_len, cache_dtype,
+                          record_routes=self.record_routes)
     layout = Layout(max_batch=max_batch, max_len=max_len, prefill_chunk=self.prefill_chunk,
                     prefill_rows=self.prefill_rows, decode_rows=self.decode_rows,
                     attn_buckets=self.attn_buckets, decode_chunk=decode_chunk,
@@ -180,8 +196,8 @@ class Engine:
     the next chunk), prefix_copies (prefixes copied between rows: from the store, another
     row, or into the store), prefix_store_rows, prefix_store_hits, prefix_store_evictions,
     evictions (session rows given to others), params_version, and compilations {prefill,
-    decode, swap_rows, copy_prefix}: traces of the shared jitted steps so far, process-wide
-    (engines of one model shape share executables)."""
+    decode, swap_rows, copy_prefix, row_routes (route-recording engines only)}: traces of the
+    shared jitted steps so far, process-wide (engines of one model shape share executables)."""
     sched = self._scheduler
     out = {k: sched.stats[k] for k in ("requests", "failed", "prefill_tokens", "reused_tokens",
                                        "decoded_tokens", "prefill_calls", "decode_calls",
@@ -217,6 +233,8 @@ class Engine:
         dev.decode(rows, r, a, self.decode_chunk)
     if len(self.decode_rows) > 1:  # row compaction can happen
       dev.swap_rows(0, 0)
+    if self.record_routes:
+      dev.routes(0, 0)
     dev.block_until_ready()
 
   # -- requests ---------------------------------------------------------------------------------

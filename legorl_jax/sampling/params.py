@@ -70,6 +70,11 @@ class Completion:
   params_version: the engine's parameter version the whole completion was sampled with.
   timings: host wall-clock seconds -- queued, prefill, decode, total (device work is dispatched
   asynchronously, so prefill compute mostly shows up under decode).
+  routes: None, or (engines that record routes: mixture-of-experts policies) the experts each
+  token of ``prompt + token_ids`` was routed to in every sparse layer, int8/int16
+  ``[prompt_len + len(token_ids), L_moe, k]``: the routes of the very K/V and hidden states the
+  sampled logprobs came from (a reused prefix's included). The last sampled token is never fed
+  back, so its row is -1 (no route), as is any row the engine did not compute.
   """
 
   token_ids: list[int]
@@ -80,3 +85,4 @@ class Completion:
   params_version: int
   stop: int | str | None = None
   timings: dict[str, float] = dataclasses.field(default_factory=dict)
+  routes: np.ndarray | None = dataclasses.field(default=None, repr=False)

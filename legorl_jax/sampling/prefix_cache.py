@@ -46,12 +46,16 @@ def best_source(prompt: np.ndarray, limit: int,
   return best, best_len
 
 
-def row_bytes(config, max_len: int, dtype) -> int:
-  """Bytes of one cache row (every layer's K and V, scratch slots included)."""
+def row_bytes(config, max_len: int, dtype, routes: bool = False) -> int:
+  """Bytes of one cache row (every layer's K and V, scratch slots included; with ``routes``
+  also the route cache of a mixture-of-experts model, ``L_moe * k`` ids per slot)."""
   from legorl_jax.sampling.cache import SCRATCH
   dt = np.dtype(dtype or config.compute_dtype)
-  return (2 * config.num_layers * config.num_kv_heads * config.head_dim * (SCRATCH + max_len)
-          * dt.itemsize)
+  per_slot = 2 * config.num_layers * config.num_kv_heads * config.head_dim * dt.itemsize
+  if routes:
+    per_slot += (len(config.moe_layers) * config.num_experts_per_tok
+                 * np.dtype(config.route_dtype).itemsize)
+  return per_slot * (SCRATCH + max_len)
 
 
 def row_prefixes(slots, live, exclude: int) -> list[tuple[int, np.ndarray]]:

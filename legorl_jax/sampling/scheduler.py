@@ -65,6 +65,7 @@ class Request:
   search: bool = True  # look for a longer cached prefix before the next prefill
   ids: list[int] = dataclasses.field(default_factory=list)
   logps: list[float] = dataclasses.field(default_factory=list)
+  sampled: int = 0  # tokens sampled, before a stop string cut any (each but the last was fed)
   stop_checked: int = 0
   version: int = 0
   t_admit: float = 0.0
@@ -349,6 +350,7 @@ class Scheduler:
       got = out_ids[:, s] >= 0
       req.ids.extend(out_ids[got, s].tolist())
       req.logps.extend(out_logp[got, s].tolist())
+      req.sampled += int(got.sum())
       self.stats["decoded_tokens"] += int(got.sum())
       try:
         self._after_chunk(req)
@@ -389,12 +391,24 @@ class Scheduler:
     if req.future.cancelled():
       self.stats["cancelled"] += 1
       return
+    routes = self._routes(req) if self.device.record_routes else None
     self.stats["requests"] += 1
     req.future.set_result(Completion(
         token_ids=req.ids, logprobs=req.logps, finish_reason=reason, prompt_len=len(req.prompt),
         reused_prefix_len=req.reuse, params_version=req.version, stop=stop,
         timings=dict(queued=req.t_admit - req.t_submit, prefill=req.t_ready - req.t_admit,
-                     decode=now - req.t_ready, total=now - req.t_submit)))
+                     decode=now - req.t_ready, total=now - req.t_submit), routes=routes))
+
+  def _routes(self, req: Request) -> np.ndarray:
+    """``Completion.routes`` of a finished request, read from its row's route cache before the
+    row serves anyone else: positions ``[0, prompt_len + sampled - 1)`` were fed (prefilled,
+    copied from a cached prefix or fed by a decode step); the rest is -1."""
+    total = len(req.prompt) + len(req.ids)
+    fed = min(total, len(req.prompt) + req.sampled - 1)
+    have = self.device.routes(req.slot, fed)
+    out = np.full((total,) + have.shape[1:], -1, have.dtype)
+    out[:fed] = have
+    return out
 
   def fail(self, req: Request, exc: Exception):
     if req.slot >= 0 and self.live.get(req.slot) is req:

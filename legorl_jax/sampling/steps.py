@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from legorl_jax.sampling.cache import K_SLOT_AXIS, SCRATCH, V_SLOT_AXIS, Cache, forward
+from legorl_jax.sampling.cache import (K_SLOT_AXIS, ROUTE_SLOT_AXIS, SCRATCH, V_SLOT_AXIS, Cache,
+                                       forward)
 from legorl_jax.sampling.sample import row_keys, sample_tokens
 
 
@@ -83,7 +84,8 @@ def window_shapes(cache: Cache, rows: int, attn_len: int) -> Cache:
     dims[0], dims[axis] = rows, SCRATCH + attn_len
     return jax.ShapeDtypeStruct(tuple(dims), x.dtype)
   return Cache(k=tuple(shape(x, K_SLOT_AXIS) for x in cache.k),
-               v=tuple(shape(x, V_SLOT_AXIS) for x in cache.v))
+               v=tuple(shape(x, V_SLOT_AXIS) for x in cache.v),
+               routes=None if cache.routes is None else shape(cache.routes, ROUTE_SLOT_AXIS))
 
 
 def squeeze(window: Cache) -> Cache:
@@ -178,7 +180,7 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
 
 
 def swap_rows(cache: Cache, i: jax.Array, j: jax.Array) -> Cache:
-  """Exchanges cache rows ``i`` and ``j`` (int32 scalars), every layer, K and V."""
+  """Exchanges cache rows ``i`` and ``j`` (int32 scalars), every layer, K and V (and routes)."""
   def swap(x):
     xi = jax.lax.dynamic_index_in_dim(x, i, keepdims=True)
     xj = jax.lax.dynamic_index_in_dim(x, j, keepdims=True)
@@ -189,15 +191,21 @@ def swap_rows(cache: Cache, i: jax.Array, j: jax.Array) -> Cache:
 
 def copy_prefix(cache: Cache, src: jax.Array, dst: jax.Array, *, attn_len: int) -> Cache:
   """Copies slots ``[0, SCRATCH + attn_len)`` of row ``src`` into row ``dst`` (int32 scalars),
-  every layer, K and V: how one row starts from the prefix another row (or the prefix store)
-  holds. Slots past the source's valid prefix carry its stale K/V along; the destination
+  every layer, K and V (and the routes, when the cache keeps them): how one row starts from
+  the prefix another row (or the prefix store) holds. Slots past the source's valid prefix carry its stale K/V along; the destination
   overwrites them before any query can attend to them (``cache.forward``'s mask)."""
   def copy(x, axis):
     row = jax.lax.dynamic_index_in_dim(x, src, keepdims=True)
     row = jax.lax.slice_in_dim(row, 0, SCRATCH + attn_len, axis=axis)
     return jax.lax.dynamic_update_slice(x, row, (dst,) + (0,) * (x.ndim - 1))
   return Cache(k=tuple(copy(x, K_SLOT_AXIS) for x in cache.k),
-               v=tuple(copy(x, V_SLOT_AXIS) for x in cache.v))
+               v=tuple(copy(x, V_SLOT_AXIS) for x in cache.v),
+               routes=None if cache.routes is None else copy(cache.routes, ROUTE_SLOT_AXIS))
+
+
+def row_routes(routes: jax.Array, row: jax.Array) -> jax.Array:
+  """Row ``row`` (an int32 scalar) of the route cache: ``[SCRATCH + S, L_moe, k]``."""
+  return jax.lax.dynamic_index_in_dim(routes, row, keepdims=False)
 
 
 # Process-wide: a trace means one new compiled shape (the Python body runs only when tracing).
@@ -218,6 +226,7 @@ PREFILL = jax.jit(_counted("prefill", prefill), static_argnums=(0,),
 SWAP_ROWS = jax.jit(_counted("swap_rows", swap_rows), donate_argnums=(0,))
 COPY_PREFIX = jax.jit(_counted("copy_prefix", copy_prefix), static_argnames=("attn_len",),
                       donate_argnums=(0,))
+ROW_ROUTES = jax.jit(_counted("row_routes", row_routes))
 DECODE = jax.jit(_counted("decode", decode_steps), static_argnums=(0,),
                  static_argnames=("num_rows", "attn_len", "num_steps"),
                  donate_argnames=("cache", "window_buffer"))

@@ -7,6 +7,11 @@ tail is dropped, never its prompt) and counted.
 Grouped batches (``make_grouped_batches``) lay each row out as one prompt shared by several
 branches (the samples of a GRPO group, or demonstrations behind one system prompt), so the
 prompt is computed once per row; they carry their static layout under ``LAYOUT_KEY``.
+
+Mixture-of-experts trajectories carry the sampler's routes (``routed_experts``); when any
+sequence of a call has them, every batch it returns has ``ROUTES_KEY`` int ``[rows, T, L_moe, k]``
+beside the ``[rows, T]`` arrays (-1 where nothing was recorded: padding, the last sampled token,
+sequences without routes), for ``trainer.routing_replay``. Dense trajectories: no such key.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from legorl_jax import errors
+from legorl_jax.proxy import route_codec
 
 KEYS = ("input_ids", "positions", "segment_ids", "loss_mask", "advantages", "rollout_logp")
 LAYOUT_KEY = "shared_prefix"  # int32 [2]: (P, L) of a grouped batch
+ROUTES_KEY = "routed_experts"  # as train_step.ROUTES_KEY
 
 
 def split_layout(batch: dict) -> tuple[dict, tuple[int, int] | None]:
@@ -40,17 +47,61 @@ class TrainSequence:
   logprobs: list[float]
   advantage: float
   trial_id: str = ""
+  routes: np.ndarray | None = None  # int [T, L_moe, k] sampler routes (-1: none), MoE only
 
 
 def sequences_from_trajectory(traj: dict, advantage: float, trial_id: str = "") -> list[TrainSequence]:
-  """Train segments of a proxy trajectory, each carrying the trial's advantage."""
+  """Train segments of a proxy trajectory, each carrying the trial's advantage (and the
+  sampler's routes, for a mixture-of-experts policy)."""
   out = []
   for seg in traj.get("segments", []):
     if not seg.get("train", True) or not any(seg["loss_mask"]):
       continue
+    routes = None
+    if seg.get(ROUTES_KEY) is not None:
+      where = f"trial {trial_id or '?'} segment {seg.get('id', '?')} routed_experts"
+      routes = route_codec.decode(seg[ROUTES_KEY], where)
+      if len(routes) != len(seg["token_ids"]):
+        raise errors.RolloutError(f"{where}: routes for {len(routes)} tokens, the segment has "
+                                  f"{len(seg['token_ids'])}; the trajectory is inconsistent.")
     out.append(TrainSequence(list(seg["token_ids"]), list(seg["loss_mask"]), list(seg["logprobs"]),
-                         float(advantage), trial_id))
+                         float(advantage), trial_id, routes))
   return out
+
+
+RouteLayout = tuple[tuple[int, int], np.dtype]  # ((L_moe, k), dtype) of a batch's routes
+
+
+def route_layout(seqs: Sequence[TrainSequence]) -> RouteLayout | None:
+  """``((L_moe, k), dtype)`` of the sequences' routes (the sampler's ``route_dtype``: the same
+  for every batch of one policy, so routes never add a compiled shape), None when none has
+  any; mixed shapes raise."""
+  shapes = {s.routes.shape[1:] for s in seqs if s.routes is not None}
+  if len(shapes) > 1:
+    raise errors.RolloutError(f"sequences carry routes of different shapes {sorted(shapes)} "
+                              "[L_moe, k]; batch trajectories of one policy together.")
+  if not shapes:
+    return None
+  return shapes.pop(), np.result_type(*[s.routes.dtype for s in seqs if s.routes is not None])
+
+
+def _empty_arrays(length: int, routes: RouteLayout | None) -> dict[str, np.ndarray]:
+  """One row's zero arrays (routes -1: none recorded)."""
+  a = {k: np.zeros(length, np.float32 if k in ("loss_mask", "advantages", "rollout_logp")
+                   else np.int32) for k in KEYS}
+  if routes is not None:
+    a[ROUTES_KEY] = np.full((length, *routes[0]), -1, routes[1])
+  return a
+
+
+def _put_routes(a: dict, sl: slice, s: TrainSequence, start: int = 0):
+  """Copies ``s.routes[start:]`` into the row's routes at ``sl`` (nothing without routes)."""
+  if ROUTES_KEY in a and s.routes is not None:
+    a[ROUTES_KEY][sl] = s.routes[start:start + sl.stop - sl.start]
+
+
+def _stack(rows: list[dict]) -> dict[str, np.ndarray]:
+  return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 
 def _bucket(buckets: Sequence[int], n: int) -> int:
@@ -77,9 +128,9 @@ def _rows(seqs: list[TrainSequence], length: int, pack: bool) -> list[list[Train
   return rows
 
 
-def _row_arrays(row: list[TrainSequence], length: int) -> dict[str, np.ndarray]:
-  a = {k: np.zeros(length, np.float32 if k in ("loss_mask", "advantages", "rollout_logp")
-                   else np.int32) for k in KEYS}
+def _row_arrays(row: list[TrainSequence], length: int,
+                routes: RouteLayout | None = None) -> dict[str, np.ndarray]:
+  a = _empty_arrays(length, routes)
   off = 0
   for sid, s in enumerate(row, start=1):
     n = len(s.token_ids)
@@ -90,6 +141,7 @@ def _row_arrays(row: list[TrainSequence], length: int) -> dict[str, np.ndarray]:
     a["loss_mask"][sl] = s.loss_mask
     a["advantages"][sl] = s.advantage
     a["rollout_logp"][sl] = s.logprobs
+    _put_routes(a, sl, s)
     off += n
   return a
 
@@ -105,12 +157,16 @@ def make_batches(seqs: Iterable[TrainSequence], *, buckets: Sequence[int], rows_
   if not buckets or rows_per_batch < 1:
     raise errors.ConfigError("batching needs at least one bucket and rows_per_batch >= 1.")
   stats = collections.Counter()
+  seqs = list(seqs)
+  routes = route_layout(seqs)
   by_bucket: dict[int, list[TrainSequence]] = collections.defaultdict(list)
   for s in seqs:
     if len(s.token_ids) > buckets[-1]:
       stats["truncated"] += 1
-      s = dataclasses.replace(s, token_ids=s.token_ids[:buckets[-1]],
-                              loss_mask=s.loss_mask[:buckets[-1]], logprobs=s.logprobs[:buckets[-1]])
+      cut = buckets[-1]
+      s = dataclasses.replace(s, token_ids=s.token_ids[:cut], loss_mask=s.loss_mask[:cut],
+                              logprobs=s.logprobs[:cut],
+                              routes=None if s.routes is None else s.routes[:cut])
     if not any(s.loss_mask):
       stats["no_trainable_tokens"] += 1
       continue
@@ -119,13 +175,13 @@ def make_batches(seqs: Iterable[TrainSequence], *, buckets: Sequence[int], rows_
     by_bucket[_bucket(buckets, len(s.token_ids))].append(s)
   batches = []
   for length in sorted(by_bucket):
-    rows = [_row_arrays(r, length) for r in _rows(by_bucket[length], length, pack)]
+    rows = [_row_arrays(r, length, routes) for r in _rows(by_bucket[length], length, pack)]
     for i in range(0, len(rows), rows_per_batch):
       chunk = rows[i:i + rows_per_batch]
       pad = rows_per_batch - len(chunk)
       stats["padding_rows"] += pad
-      chunk += [_row_arrays([], length)] * pad
-      batches.append({k: np.stack([r[k] for r in chunk]) for k in KEYS})
+      chunk += [_row_arrays([], length, routes)] * pad
+      batches.append(_stack(chunk))
   return batches, stats
 
 
@@ -151,15 +207,17 @@ def shared_prompt_length(seqs: Sequence[TrainSequence]) -> int:
 
 
 def _grouped_row(members: list[TrainSequence], shared: int, prefix_len: int, branch_len: int,
-                 branches: int) -> dict[str, np.ndarray]:
+                 branches: int, routes: RouteLayout | None = None) -> dict[str, np.ndarray]:
   """One row: ``members[0]``'s first ``shared - 1`` tokens, then each member from token
-  ``shared - 1`` on (the last shared token is repeated so it predicts its branch's first token)."""
+  ``shared - 1`` on (the last shared token is repeated so it predicts its branch's first token).
+  The shared prompt's routes are ``members[0]``'s (the same tokens, so the same routes when the
+  members were sampled by one policy version; the prefix cache copies them)."""
   length = prefix_len + branches * branch_len
-  a = {k: np.zeros(length, np.float32 if k in ("loss_mask", "advantages", "rollout_logp")
-                   else np.int32) for k in KEYS}
+  a = _empty_arrays(length, routes)
   n = shared - 1
   if members:
     a["input_ids"][:n] = members[0].token_ids[:n]
+    _put_routes(a, slice(0, n), members[0])
   a["positions"][:n] = np.arange(n)
   a["segment_ids"][:n] = 1
   for j, s in enumerate(members):
@@ -171,6 +229,7 @@ def _grouped_row(members: list[TrainSequence], shared: int, prefix_len: int, bra
     a["loss_mask"][sl] = s.loss_mask[n:]
     a["advantages"][sl] = s.advantage
     a["rollout_logp"][sl] = s.logprobs[n:]
+    _put_routes(a, sl, s, start=n)
   return a
 
 
@@ -196,6 +255,8 @@ def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, bran
   stats = collections.Counter()
   rows, rest = [], []
   order = []
+  seqs = list(seqs)
+  routes = route_layout(seqs)
   for s in seqs:
     if not any(s.loss_mask):
       stats["no_trainable_tokens"] += 1  # nothing to learn from; counted as make_batches does
@@ -210,7 +271,7 @@ def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, bran
 
   def close():
     if len(members) >= 2:
-      rows.append(_grouped_row(members, shared, prefix_len, branch_len, branches))
+      rows.append(_grouped_row(members, shared, prefix_len, branch_len, branches, routes))
       stats["sequences"] += len(members)
       stats["rows"] += 1
       stats["tokens"] += shared - 1 + sum(len(m.token_ids) - shared + 1 for m in members)
@@ -229,13 +290,13 @@ def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, bran
     members = [s]
     shared = min(_first_trained(s), prefix_len + 1)
   close()
-  empty = _grouped_row([], 1, prefix_len, branch_len, branches)
+  empty = _grouped_row([], 1, prefix_len, branch_len, branches, routes)
   batches = []
   for i in range(0, len(rows), rows_per_batch):
     chunk = rows[i:i + rows_per_batch]
     stats["padding_rows"] += rows_per_batch - len(chunk)
     chunk += [empty] * (rows_per_batch - len(chunk))
-    batch = {k: np.stack([r[k] for r in chunk]) for k in KEYS}
+    batch = _stack(chunk)
     batch[LAYOUT_KEY] = np.asarray([prefix_len, branch_len], np.int32)
     batches.append(batch)
   return batches, rest, stats

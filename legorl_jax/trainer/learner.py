@@ -48,12 +48,24 @@ def merge_update_metrics(merged: dict[str, float], m, i: int) -> None:
       merged[k] = merged[k] + (v - merged[k]) / (i + 1)
 
 
+def _recorded_route_counts(batch) -> tuple[int, int]:
+  """(tokens with a recorded route in every sparse layer, tokens) of a host batch."""
+  tokens = np.asarray(batch["segment_ids"]) > 0
+  recorded = (np.asarray(batch[ts.ROUTES_KEY]) >= 0).all(axis=(-1, -2)) & tokens
+  return int(recorded.sum()), int(tokens.sum())
+
+
 class Learner:
   """Holds ``TrainState`` (sharded over ``cfg.mesh``) and applies updates.
 
   ``start``: trainable parameters to begin from instead of the model's own (another learner's
   ``trainables()`` on the same base, e.g. the SFT phase's LoRA adapters for RL); the frozen
   part always comes from ``model``.
+
+  ``trainer.routing_replay`` (mixture-of-experts policies): every forward replays the batch's
+  ``routed_experts`` (the sampler's routes, ``batching``); tokens without one, and batches
+  without any (SFT demonstrations), use the learner's own top-k. ``update`` then reports
+  ``routes_recorded_frac``, the share of tokens that replayed a recorded route.
   """
 
   def __init__(self, model, cfg, seed: int = 0, start=None):
@@ -100,10 +112,19 @@ class Learner:
     self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,))
     self.state = state
     self.frozen = frozen  # never donated, never checkpointed: rebuilt from the base model
+    # trainer.routing_replay: the forward uses the sampler's routes (batch "routed_experts").
+    self._replay = bool(cfg.trainer.get("routing_replay", False))
+    mc = model.config
+    if self._replay and not mc.moe_layers:
+      raise errors.ConfigError(
+          f"trainer.routing_replay=True needs a mixture-of-experts policy (qwen3_moe); this "
+          f"{mc.architecture} model routes nothing: set trainer.routing_replay=False.")
+    self._route_shape = (len(mc.moe_layers), mc.num_experts_per_tok)
+    self._route_dtype = np.dtype(mc.route_dtype)
     self._logprob = jax.jit(ts.make_logprob_fn(
         self.model_def, temperature=float(cfg.loss.get("temperature", 1.0)),
         impl=cfg.trainer.get("logprob_impl", None), plan=self.plan,
-        routing_replay=bool(cfg.trainer.get("routing_replay", False))),
+        routing_replay=self._replay),
         static_argnames=("shared_prefix",), compiler_options=self.compiler_options)
     self._trunk = jax.jit(ts.make_trunk_fn(self.model_def, self.plan),
                           static_argnames=("shared_prefix",), compiler_options=self.compiler_options)
@@ -145,9 +166,12 @@ class Learner:
       # parameters the step started from, so each batch's PPO ratio is against them (REINFORCE,
       # also the SFT loss, has no ratio).
       batches = [dict(b, old_logp=self.logprobs(b)[0]) for b in batches]
-    prepared = []
+    prepared, routed = [], []
     for batch in batches:
       batch, layout = batching.split_layout(batch)
+      batch = self._routed(batch)
+      if self._replay and ts.ROUTES_KEY in batch:
+        routed.append(_recorded_route_counts(batch))
       cap = (ts.scored_cap_for(batch, int(self.cfg.trainer.get("micro_batches", 1)))
              if self.cfg.trainer.get("lm_head_on_scored_only", True) else None)
       prepared.append(({k: jnp.asarray(v) for k, v in batch.items()}, cap, layout))
@@ -162,6 +186,8 @@ class Learner:
         self.state, m = self._jitted(dev, cap, layout)(self.state, dev, self.frozen)
         merge_update_metrics(merged, m, n_updates)
         n_updates += 1
+    if routed:  # how much of what the learner saw replayed the sampler's routes
+      merged["routes_recorded_frac"] = sum(r for r, _ in routed) / max(sum(n for _, n in routed), 1)
     merged["optimizer_updates"] = n_updates
     merged["learner_tokens"] = tokens * passes
     merged["learner_time_s"] = time.perf_counter() - t0
@@ -188,9 +214,21 @@ class Learner:
   def logprobs(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Teacher-forced (logp, entropy) ``[B, T]`` aligned with tokens, current parameters."""
     batch, layout = batching.split_layout(batch)
-    dev = {k: jnp.asarray(v) for k, v in batch.items()}
+    dev = {k: jnp.asarray(v) for k, v in self._routed(batch).items()}
     logp, ent = self._logprob(self.state.params, self.frozen, dev, shared_prefix=layout)
     return np.asarray(logp), np.asarray(ent)
+
+  def _routed(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The host batch the device gets. Without replay its routes stay behind. With replay, a
+    batch that carries none (SFT demonstrations: no sampler produced them) gets -1 for every
+    token, which is the learner's own top-k (``moe.route``), as for any unrecorded token
+    (a frozen-trunk batch, ``trainer.trunk_cache``, stays without: its trunk ran top-k)."""
+    if not self._replay:
+      return ts.replay_batch(batch, False)
+    if batch.get(ts.ROUTES_KEY) is not None or ts.TRUNK_KEY in batch:
+      return batch
+    b, t = np.shape(batch["input_ids"])
+    return dict(batch, **{ts.ROUTES_KEY: np.full((b, t, *self._route_shape), -1, self._route_dtype)})
 
   @property
   def trunk_layer(self) -> int:

@@ -137,8 +137,15 @@ def local_rows_per_batch(global_rows: int, mesh) -> int:
   return rows
 
 
-def _empty_batch(rows: int, length: int, keys: Sequence[str]) -> dict[str, np.ndarray]:
-  return {k: np.zeros((rows, length), np.float32 if k in _FLOAT_KEYS else np.int32) for k in keys}
+def _empty_batch(rows: int, length: int, keys: Sequence[str],
+                 template: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+  """An all-padding ``[rows, length]`` batch; a mixture-of-experts batch's routes
+  (``template``'s ``[., T, L_moe, k]``) as -1, no route recorded."""
+  out = {k: np.zeros((rows, length), np.float32 if k in _FLOAT_KEYS else np.int32) for k in keys}
+  routes = None if template is None else template.get(batching.ROUTES_KEY)
+  if routes is not None:
+    out[batching.ROUTES_KEY] = np.full((rows, length, *routes.shape[2:]), -1, routes.dtype)
+  return out
 
 
 def align_batches(batches: list[dict[str, np.ndarray]], buckets: Sequence[int], rows: int
@@ -155,7 +162,8 @@ def align_batches(batches: list[dict[str, np.ndarray]], buckets: Sequence[int], 
   out = []
   for t, n in zip(lengths, counts):
     same = [b for b in batches if b["input_ids"].shape[1] == t]
-    out += same + [_empty_batch(rows, t, keys) for _ in range(int(n) - len(same))]
+    out += same + [_empty_batch(rows, t, keys, batches[0] if batches else None)
+                   for _ in range(int(n) - len(same))]
   return out
 
 
@@ -244,7 +252,8 @@ class GlobalUpdater:
       sh = distributed.batch_sharding(self.mesh, 2)
       self._logprob = jax.jit(ts.make_logprob_fn(
           self.learner.model_def, temperature=float(self.cfg.loss.get("temperature", 1.0)),
-          impl=self.cfg.trainer.get("logprob_impl", None), plan=self.learner.plan),
+          impl=self.cfg.trainer.get("logprob_impl", None), plan=self.learner.plan,
+          routing_replay=bool(self.cfg.trainer.get("routing_replay", False))),
           out_shardings=(sh, sh), compiler_options=self.learner.compiler_options)
     return self._logprob(self.learner.state.params, self.learner.frozen, gb)[0]
 

@@ -99,7 +99,8 @@ def without_shared_prefix(seqs: Sequence[batching.TrainSequence]) -> list[batchi
     common += 1
   cut = max((i for i in range(1, common) if first[i] == first[0]), default=0)
   return [dataclasses.replace(s, token_ids=s.token_ids[cut:], loss_mask=s.loss_mask[cut:],
-                              logprobs=s.logprobs[cut:]) for s in seqs]
+                              logprobs=s.logprobs[cut:],
+                              routes=None if s.routes is None else s.routes[cut:]) for s in seqs]
 
 
 def _bucketed(seqs, buckets) -> tuple[list[list], np.ndarray]:
