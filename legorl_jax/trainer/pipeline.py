@@ -44,6 +44,7 @@ from legorl_jax.trainer.task_sets import (HELD_OUT_MODES, extra_held_out_sets,  
 from legorl_jax.trainer.checkpoint import Checkpointer
 from legorl_jax.trainer.learner import Learner
 from legorl_jax.trainer.policy_service import PolicyService
+from legorl_jax.trainer.run_state import RunState
 from legorl_jax.utils import cpu_time, paths
 
 log = logging.getLogger(__name__)
@@ -253,17 +254,17 @@ def run(cfg, workdir: str) -> dict:
   rl_cfg = cfg
   ckpt = Checkpointer(distributed.checkpoint_dir(workdir), keep=int(cfg.checkpoint.keep))
   learner = Learner(model, rl_cfg, seed=int(cfg.seed))
-  host = {"phase": "sft", "rl_step": 0, "loader": loader.state_dict(), "before": None,
-          "version": 0}
+  run_state = RunState(loader=loader.state_dict())
   if ckpt.latest_step() is not None:
-    learner.state, host, _ = ckpt.restore(learner.state)
-    loader.load_state_dict(host["loader"])
-    log.info("resumed at phase %s, RL step %d", host["phase"], host["rl_step"])
-    print(f"Resumed {workdir} at phase {host['phase']}, RL step {host['rl_step']}.", flush=True)
+    learner.state, saved, _ = ckpt.restore(learner.state)
+    run_state = RunState.from_json(saved)
+    loader.load_state_dict(run_state.loader)
+    log.info("resumed at phase %s, RL step %d", run_state.phase, run_state.rl_step)
+    print(f"Resumed {workdir} at phase {run_state.phase}, RL step {run_state.rl_step}.", flush=True)
 
   summary: dict = {}
   # -- SFT warm start -------------------------------------------------------------------------
-  if host["phase"] == "sft":
+  if run_state.phase == "sft":
     if int(cfg.sft.steps) > 0:
       t0 = time.perf_counter()
       n_check = int(cfg.sft.get("check_demos", 0))
@@ -309,16 +310,16 @@ def run(cfg, workdir: str) -> dict:
       summary.update(sft_demos=len(demos), sft_steps=last.get("sft_step"), sft_final_nll=last.get("nll"),
                      sft_demo_collection_s=t_demo, sft_s=time.perf_counter() - t0)
       wall.update(sft_demos=t_demo, sft=time.perf_counter() - t0 - t_demo)
-    host["phase"] = "eval_before"
-    ckpt.save(0, learner.state, host=host, force=True)
+    run_state.phase = "eval_before"
+    ckpt.save(0, learner.state, host=run_state.to_json(), force=True)
     ckpt.wait()
 
   wall["setup"] = time.perf_counter() - t_start - wall.get("sft_demos", 0.0) - wall.get("sft", 0.0)
   service = PolicyService(_sampler_model(learner), tokenizer, cfg, sockets)
   try:
-    if host["phase"] == "eval_before" and not cfg.eval.before_after:
-      host.update(phase="rl", before={})
-    if host["phase"] == "eval_before":
+    if run_state.phase == "eval_before" and not cfg.eval.before_after:
+      run_state.phase, run_state.before = "rl", {}
+    if run_state.phase == "eval_before":
       # Its result lives beside the step-0 checkpoint, so a resumed run does not redo it.
       before_path = paths.join(workdir, "eval", "before_rl", "result.json")
       if paths.exists(before_path):
@@ -333,11 +334,13 @@ def run(cfg, workdir: str) -> dict:
         if primary:
           paths.write_text(before_path, json.dumps(before))
       print(f"[eval before RL] {json.dumps(scalars(before))}", flush=True)
-      host.update(phase="rl", before=before)
+      run_state.phase, run_state.before = "rl", before
 
     # -- RL -----------------------------------------------------------------------------------
-    rl_summary = _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, host,
-                     workdir, val_tasks, eval_adapter, trials_path)
+    rl_summary = _rl(cfg=cfg, learner=learner, service=service, loader=loader,
+                     adapter_for=adapter_for, trial_cfg=trial_cfg, writer=writer, ckpt=ckpt,
+                     run_state=run_state, workdir=workdir, val_tasks=val_tasks,
+                     eval_adapter=eval_adapter, trials_path=trials_path)
     summary.update(rl_summary)
     if "rl_s" in rl_summary:
       wall["rl"] = rl_summary["rl_s"]
@@ -347,21 +350,21 @@ def run(cfg, workdir: str) -> dict:
       t0 = time.perf_counter()
       after = evaluate_held_out(service, val_tasks, extra_sets, eval_adapter, trial_cfg, cfg,
                                 distributed.host_local_dir(workdir, "eval/after_rl"),
-                                trials_path=trials_path, step=host["rl_step"], phase="eval_after_rl")
+                                trials_path=trials_path, step=run_state.rl_step, phase="eval_after_rl")
       wall["eval_after"] = time.perf_counter() - t0
-      writer.write(host["rl_step"], scalars(after), phase="eval")
+      writer.write(run_state.rl_step, scalars(after), phase="eval")
       print(f"[eval after RL] {json.dumps(scalars(after))}", flush=True)
   finally:
     service.close()
     ckpt.close()
     writer.close()
 
-  before = host["before"] or {}
+  before = run_state.before or {}
   n = int(cfg.eval.samples)
   summary.update(eval_stats.summary_fields(before, after, tuple(extra_sets), n))
   summary.update({
       "val_tasks": len(val_tasks), "eval_samples_per_task": n,
-      "rl_steps": host["rl_step"], "mode": cfg.trainer.mode,
+      "rl_steps": run_state.rl_step, "mode": cfg.trainer.mode,
       "wall_s": time.perf_counter() - t_start,
       "wall_s_by_phase": wall,
       "policy": policy_name(cfg),
@@ -374,15 +377,17 @@ def run(cfg, workdir: str) -> dict:
   return summary
 
 
-def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, host, workdir,
-        val_tasks, eval_adapter, trials_path) -> dict:
+def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
+        run_state: RunState, workdir: str, val_tasks, eval_adapter, trials_path) -> dict:
+  """The RL phase from ``run_state.rl_step`` to ``trainer.steps``; updates ``run_state`` after
+  every step and checkpoints it with the weights. Returns the phase's wall and CPU seconds."""
   from legorl_jax.metrics.progress import TrialProgress
 
   steps = int(cfg.trainer.steps)
-  if host["rl_step"] >= steps:
+  if run_state.rl_step >= steps:
     return {}
-  if service.params_version < host.get("version", 0):
-    service.update_params(multihost.local_params(learner.params_copy()), version=host["version"])
+  if service.params_version < run_state.version:
+    service.update_params(multihost.local_params(learner.params_copy()), version=run_state.version)
   # This host's rows of every global batch, and how updates reach the (sharded) state.
   rows = multihost.local_rows_per_batch(int(cfg.trainer.rows_per_batch), learner.mesh)
   local_cfg = cfg if rows == int(cfg.trainer.rows_per_batch) else _with(cfg, trainer={"rows_per_batch": rows})
@@ -392,21 +397,21 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
   per_step = (int(cfg.rollout.get("draw_tasks", 0) or cfg.rollout.tasks_per_step)
               if int(cfg.rollout.get("max_draw_rounds", 1)) > 1 else int(cfg.rollout.tasks_per_step))
   per_step *= int(cfg.rollout.samples_per_task)
-  progress = TrialProgress(total=steps * per_step, initial=host["rl_step"] * per_step,
+  progress = TrialProgress(total=steps * per_step, initial=run_state.rl_step * per_step,
                            queue_depth=lambda: service.engine.stats().get("queued", 0))
   source = rl_loop.RolloutSource(loader, adapter_for, proxy, trial_cfg, cfg,
                                  distributed.host_local_dir(workdir, "rollouts"), progress=progress.update,
                                  trials_path=trials_path)
-  source.next_step = host["rl_step"] + 1
-  source.load_state_dict(host["loader"])  # the loader's position and the difficulty filter's memory
+  source.next_step = run_state.rl_step + 1
+  source.load_state_dict(run_state.loader)  # the loader's position and the difficulty filter's memory
   probe = rl_loop.KLProbe(os.path.join(distributed.host_local_dir(workdir, "rollouts"), "kl_probe.npz"))
   producer = rl_loop.AsyncRollouts(source) if cfg.trainer.mode == "async" else None
   t0, cpu0 = time.perf_counter(), cpu_time.process_tree_cpu_s()
   busy = 0.0
-  rl_progress = PhaseProgress("rl", steps, unit="steps", done=host["rl_step"])
+  rl_progress = PhaseProgress("rl", steps, unit="steps", done=run_state.rl_step)
   try:
-    while host["rl_step"] < steps:
-      step = host["rl_step"] + 1
+    while run_state.rl_step < steps:
+      step = run_state.rl_step + 1
       got = producer.get() if producer else source.collect()
       local, wall, position_after = got.results, got.wall_s, got.position
       results = multihost.gather_results(local)  # every host's records (this host's trajectories)
@@ -432,9 +437,9 @@ def _rl(cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt, hos
                        f"loss {lm.get('loss/policy', float('nan')):.4f} "
                        f"trials/h {metrics['trials_per_hour']:.0f} "
                        f"|dlogp| {lm.get('rollout_abs_dlogp', float('nan')):.2e}", done=step, force=True)
-      host.update(rl_step=step, loader=position_after, version=version)
+      run_state.rl_step, run_state.loader, run_state.version = step, position_after, version
       if step % max(1, int(cfg.checkpoint.every)) == 0 or step == steps:
-        ckpt.save(step, learner.state, host=host, metrics={"solve_rate": metrics["solve_rate"]})
+        ckpt.save(step, learner.state, host=run_state.to_json(), metrics={"solve_rate": metrics["solve_rate"]})
       if int(cfg.eval.every) and step % int(cfg.eval.every) == 0 and step != steps:
         ev = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
                       distributed.host_local_dir(workdir, f"eval/step_{step}"), trials_path=trials_path,
