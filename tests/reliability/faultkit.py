@@ -712,9 +712,14 @@ def _repo_root() -> str:
   return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _train_process(workdir: str, steps: int, env: dict) -> subprocess.Popen:
+def _train_process(workdir: str, steps: int, env: dict, config: str | None = None
+                   ) -> subprocess.Popen:
+  """``experiments.train`` with ``PIPELINE_OVERRIDES``; ``config``: another config file than
+  demo_tiny's (e.g. ``demo_tiny_moe.py``), the same overrides on top."""
+  overrides = PIPELINE_OVERRIDES if config is None else (f"--config={config}",
+                                                         *PIPELINE_OVERRIDES[1:])
   argv = [sys.executable, "-m", "experiments.train", f"--workdir={workdir}",
-          *PIPELINE_OVERRIDES, f"--config.trainer.steps={steps}"]
+          *overrides, f"--config.trainer.steps={steps}"]
   return subprocess.Popen(argv, cwd=_repo_root(), env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -798,11 +803,12 @@ def _wait_for(proc, cond: Callable[[], bool], what: str, timeout_s: float, lines
 
 
 def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
-                  timeout_s: float = 600.0) -> Outcome:
+                  timeout_s: float = 600.0, config: str | None = None) -> Outcome:
   """``python -m experiments.train`` run uninterrupted, and run again SIGKILLed (its whole
   process group) once the checkpoint of step ``kill_after`` is committed and the trials of
   step ``kill_after + 1`` are running (the first of them has finished), then rerun with the
-  same workdir to the end.
+  same workdir to the end. ``config``: the config file both runs start from (default
+  demo_tiny's; ``experiments/configs/demo_tiny_moe.py`` for a mixture-of-experts policy).
 
   Expected: the killed run's latest checkpoint is ``kill_after``; the resumed run's final
   parameters and optimizer state equal the uninterrupted run's bit for bit; so do the
@@ -823,7 +829,7 @@ def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
   why, left, procs = [], [], []
 
   def run_to_end(workdir):
-    p = _train_process(workdir, steps, env)
+    p = _train_process(workdir, steps, env, config)
     procs.append(p)
     out, _ = p.communicate(timeout=timeout_s)
     if p.returncode != 0:
@@ -833,7 +839,7 @@ def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
   run_to_end(j("full"))
   cut_dir = j("killed", "rollouts", f"step_{kill_after + 1:05d}")
   committed = j("killed", "checkpoints", str(kill_after), "commit_success.txt")
-  proc = _train_process(j("killed"), steps, env)
+  proc = _train_process(j("killed"), steps, env, config)
   procs.append(proc)
   lines: list[str] = []
   cut_trials: set[str] = set()
