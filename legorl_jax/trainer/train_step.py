@@ -81,7 +81,8 @@ def scored_mask(batch: Batch) -> jax.Array:
 def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, temperature: float,
                      impl: str | None = None, value_head=None, scored_cap: int | None = None,
                      shared_prefix: tuple[int, int] | None = None,
-                     trunk: jax.Array | None = None, trunk_layer: int = 0):
+                     trunk: jax.Array | None = None, trunk_layer: int = 0,
+                     router_aux: bool = False):
   """Teacher-forced logprobs of next tokens.
 
   With ``scored_cap`` (static), the lm head runs only on the scored predictions (at most
@@ -93,16 +94,21 @@ def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, tempe
   ``trunk_layer`` as ``Decoder.trunk`` gives it: a frozen trunk's output computed once, see
   ``trainer.trunk_cache``), only blocks ``trunk_layer ..`` and the head run.
 
-  Returns ``(logp [B, T-1], entropy [B, T-1], values [B, T-1] or None)`` in float32.
+  Returns ``(logp [B, T-1], entropy [B, T-1], values [B, T-1] or None)`` in float32; with
+  ``router_aux`` (mixture-of-experts policies) also the router's load-balancing loss (f32
+  scalar, ``RouteInfo.aux_loss``: mean over sparse layers, valid tokens) as a fourth element.
   """
   model = model_def.merge(params)
   routes = batch.get(ROUTES_KEY)
-  if routes is not None and trunk is not None:
-    raise errors.ConfigError("trainer.routing_replay does not combine with sft.trunk_cache / "
-                             "a frozen-trunk batch; turn one of them off.")
-  if routes is not None:
-    hidden, _ = model.hidden_routed(batch["input_ids"], batch["positions"], batch["segment_ids"],
-                                    experts=routes, shared_prefix=shared_prefix)
+  if (routes is not None or router_aux) and trunk is not None:
+    raise errors.ConfigError("trainer.routing_replay and loss.router_aux_coef do not combine "
+                             "with sft.trunk_cache / a frozen-trunk batch; turn one of them off.")
+  aux = None
+  if routes is not None or router_aux:
+    hidden, info = model.hidden_routed(batch["input_ids"], batch["positions"],
+                                       batch["segment_ids"], experts=routes,
+                                       shared_prefix=shared_prefix)
+    aux = info.aux_loss
   elif trunk is None:
     hidden = model.hidden(batch["input_ids"], batch["positions"], batch["segment_ids"],
                           shared_prefix=shared_prefix)
@@ -125,6 +131,8 @@ def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, tempe
   values = None
   if value_head is not None:
     values = (h.astype(jnp.float32) @ value_head["kernel"] + value_head["bias"])[..., 0]
+  if router_aux:
+    return logp.reshape(b, t), ent.reshape(b, t), values, aux
   return logp.reshape(b, t), ent.reshape(b, t), values
 
 
@@ -183,7 +191,12 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
   ``cfg`` fields: ``loss.name`` (a key of ``rl.POLICY_LOSSES``), the ``rl.LossConfig`` knobs under
   ``loss``, ``loss.temperature`` (the sampling temperature), ``loss.vf_coef``,
   ``loss.vf_clip``, ``trainer.micro_batches``, ``trainer.logprob_impl``, ``trainer.trainable``,
-  ``trainer.routing_replay`` (use the batch's ``routed_experts``; default False).
+  ``trainer.routing_replay`` (use the batch's ``routed_experts``; default False),
+  ``loss.router_aux_coef`` (mixture-of-experts: weight of the router's load-balancing loss,
+  meant for SFT, e.g. the checkpoint's ``router_aux_loss_coef``; default 0, RL leaves it off:
+  balancing would pull the policy away from the routes it was sampled with). Each
+  micro-batch's load-balancing loss enters weighted by its scored tokens over the step's, so
+  accumulated batches add up to the token-weighted mean; metric ``router_aux_loss``.
   """
   loss_name = cfg.loss.name
   if loss_name not in rl_losses.POLICY_LOSSES:
@@ -198,14 +211,17 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
     plan = trainable_lib.plan_for(cfg.trainer, model_def.shapes())
   trunk_layer = plan.lowest_trained_layer(model_def.shapes())
   routing_replay = bool(cfg.trainer.get("routing_replay", False))
+  aux_coef = float(cfg.loss.get("router_aux_coef", 0.0) or 0.0)
+  if aux_coef < 0:
+    raise errors.ConfigError(f"loss.router_aux_coef={aux_coef} must be >= 0 (0 = off).")
 
   def micro_loss(trainable, mb, frozen, ref_params, d_pol, d_val, scored_cap, shared_prefix):
     params = plan.forward_params(frozen, trainable["policy"])
     trunk = dict(trunk=mb[TRUNK_KEY], trunk_layer=trunk_layer) if TRUNK_KEY in mb else {}
-    logp, ent, values = forward_logprobs(model_def, params, mb, temperature=temperature,
-                                         impl=impl, value_head=trainable["value_head"],
-                                         scored_cap=scored_cap, shared_prefix=shared_prefix,
-                                         **trunk)
+    out = forward_logprobs(model_def, params, mb, temperature=temperature, impl=impl,
+                           value_head=trainable["value_head"], scored_cap=scored_cap,
+                           shared_prefix=shared_prefix, router_aux=aux_coef > 0, **trunk)
+    logp, ent, values = out[:3]
     sb = shifted(mb)
     if ref_params is not None:  # the same frozen trunk: its states serve the reference too
       ref_logp, _, _ = forward_logprobs(model_def, plan.forward_params(frozen, ref_params), mb,
@@ -217,6 +233,9 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
     pl_sum, _, m = rl_losses.policy_loss(loss_name, sb, cfg.loss)
     total = pl_sum / d_pol
     m["pg_objective_sum"] = pl_sum  # merged by sum; finalized below against d_pol
+    if aux_coef > 0:
+      total = total + aux_coef * out[3] * m["tokens"] / d_val
+      m["router_aux_loss_sum"] = jax.lax.stop_gradient(out[3]) * m["tokens"]
     if values is not None and vf_coef:
       vl_sum, _, vm = rl_losses.value_loss(values, sb["old_values"], sb["returns"], sb["loss_mask"],
                                            sb["segment_ids"], clip_eps=vf_clip)
