@@ -81,6 +81,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.is_correction = "none"  # "tis" in async mode
   c.loss.tis_cap = 2.0
   c.loss.kl_coef = 0.0
+  # Mixture-of-experts policies: weight of the router's load-balancing loss, in SFT and RL alike
+  # (0: none; the model's own router_aux_loss_coef, e.g. 0.001, is the usual choice).
+  c.loss.router_aux_coef = 0.0
   c.loss.entropy_coef = 0.0
   c.loss.vf_coef = 0.0
 
@@ -92,6 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
   # False: one optimizer update per batch of rows_per_batch rows. True: one update per step
   # over every batch (the exact gradient of the step's whole loss).
   c.trainer.accumulate = False
+  # Mixture-of-experts policies: the learner replays the experts the sampler routed each token to
+  # (recorded by the engine) instead of recomputing top-k, so the logprob invariant holds.
+  c.trainer.routing_replay = False
   c.trainer.updates_per_batch = 1  # mu: passes over a step's batches, ratios vs the step start
   c.trainer.logprob_impl = "xla"
   c.trainer.cpu_library_fusion = "dot"  # XLA:CPU's YNNPACK runs matmuls only ("xla_default": all)

@@ -60,3 +60,15 @@ def test_off_by_default_and_checked():
   assert all(float(jnp.abs(g).max()) == 0 for g in grads.values())
   with pytest.raises(errors.ConfigError, match="router_aux_coef"):
     _grads(-1.0)
+
+
+def test_the_coefficient_reaches_sft_from_the_command_line():
+  """``loss.router_aux_coef`` has a default in the base config (so ``--config.loss.
+  router_aux_coef=X`` can set it) and the SFT phase's learner config keeps it."""
+  from experiments.configs import demo_tiny_moe  # pylint: disable=import-outside-toplevel
+  from legorl_jax.trainer import pipeline  # pylint: disable=import-outside-toplevel
+  cfg = demo_tiny_moe.get_config()
+  assert cfg.loss.router_aux_coef == 0.0 and cfg.trainer.routing_replay
+  cfg.loss.router_aux_coef = 1e-3
+  sft = pipeline.sft_config(cfg)
+  assert sft.loss.name == "reinforce" and sft.loss.router_aux_coef == 1e-3
