@@ -160,8 +160,14 @@ class Learner:
     merged, t0, tokens = {}, time.perf_counter(), 0
     passes = max(1, int(self.cfg.trainer.get("updates_per_batch", 1)))
     accumulate = bool(self.cfg.trainer.get("accumulate", False))
-    if ((len(batches) > 1 or passes > 1) and "old_logp" not in batches[0]
-        and self.cfg.loss.name != "reinforce"):
+    score_old = ((len(batches) > 1 or passes > 1) and "old_logp" not in batches[0]
+                 and self.cfg.loss.name != "reinforce")
+    if self._reuse_trunk(batches, passes + int(score_old)):
+      # The frozen trunk's output is the same in every pass: compute it once per batch, and
+      # let the scoring and every update run only the trained blocks and the head.
+      batches = [b if ts.TRUNK_KEY in b else dict(b, **{ts.TRUNK_KEY: self.trunk_states(b)})
+                 for b in batches]
+    if score_old:
       # Every update after the first sees moved parameters: score all batches under the
       # parameters the step started from, so each batch's PPO ratio is against them (REINFORCE,
       # also the SFT loss, has no ratio).
@@ -193,6 +199,17 @@ class Learner:
     merged["learner_time_s"] = time.perf_counter() - t0
     merged["learner_tokens_per_s"] = tokens * passes / max(merged["learner_time_s"], 1e-9)
     return merged
+
+  def _reuse_trunk(self, batches, forwards: int) -> bool:
+    """Whether ``update`` computes each batch's frozen-trunk states once for its ``forwards``
+    passes (``trainer.reuse_trunk``, default on): only with a frozen trunk (``top:K``, or LoRA
+    in the top blocks only), one device, more than one pass, and no mixture-of-experts routes
+    (the routed forward does not take trunk states)."""
+    return (bool(self.cfg.trainer.get("reuse_trunk", True)) and forwards > 1
+            and self.mesh is None and self.trunk_layer > 0 and bool(batches)
+            and all(batching.ROUTES_KEY not in b for b in batches)
+            and not bool(self.cfg.trainer.get("routing_replay", False))
+            and not float(self.cfg.loss.get("router_aux_coef", 0.0) or 0.0) > 0)
 
   def _accumulated_update(self, prepared) -> dict:
     """One optimizer update from the summed gradients of every prepared batch."""

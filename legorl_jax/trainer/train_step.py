@@ -327,13 +327,18 @@ def make_logprob_fn(model_def: ModelDef, *, temperature: float, impl: str | None
   tokens (column 0 is 0), for old/reference logprobs and sampler-vs-learner agreement checks.
 
   With ``plan``, ``fn(trainable, frozen, batch, shared_prefix=None)``: the policy of
-  ``plan.forward_params(frozen, trainable)``. ``routing_replay``: use the batch's
+  ``plan.forward_params(frozen, trainable)``; a batch with ``TRUNK_KEY`` (the input of the
+  plan's lowest trained block) runs from there. ``routing_replay``: use the batch's
   ``routed_experts`` (``replay_batch``)."""
+
+  trunk_layer = plan.lowest_trained_layer(model_def.shapes()) if plan is not None else 0
 
   def full(params, batch, shared_prefix=None):
     batch = replay_batch(batch, routing_replay)
+    # A batch carrying its frozen trunk's output (``TRUNK_KEY``) runs only the trained blocks.
+    trunk = dict(trunk=batch[TRUNK_KEY], trunk_layer=trunk_layer) if TRUNK_KEY in batch else {}
     logp, ent, _ = forward_logprobs(model_def, params, batch, temperature=temperature, impl=impl,
-                                    shared_prefix=shared_prefix)
+                                    shared_prefix=shared_prefix, **trunk)
     pad = jnp.zeros((logp.shape[0], 1), jnp.float32)
     return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
 
