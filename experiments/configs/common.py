@@ -95,6 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
   # False: one optimizer update per batch of rows_per_batch rows. True: one update per step
   # over every batch (the exact gradient of the step's whole loss).
   c.trainer.accumulate = False
+  # top:K: a step that scores and updates a batch several times (updates_per_batch > 1, or
+  # several batches) computes the frozen trunk's states once per batch (exact).
+  c.trainer.reuse_trunk = True
   # Mixture-of-experts policies: the learner replays the experts the sampler routed each token to
   # (recorded by the engine) instead of recomputing top-k, so the logprob invariant holds.
   c.trainer.routing_replay = False
