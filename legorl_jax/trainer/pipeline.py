@@ -394,9 +394,7 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
   update = multihost.update_fn(learner)
   proxy = service.proxy("sample", float(cfg.sampling.temperature))
   # Trials a step runs (its first draw round; refill rounds add more).
-  per_step = (int(cfg.rollout.get("draw_tasks", 0) or cfg.rollout.tasks_per_step)
-              if int(cfg.rollout.get("max_draw_rounds", 1)) > 1 else int(cfg.rollout.tasks_per_step))
-  per_step *= int(cfg.rollout.samples_per_task)
+  per_step = rl_loop.first_draw_tasks(cfg) * int(cfg.rollout.samples_per_task)
   progress = TrialProgress(total=steps * per_step, initial=run_state.rl_step * per_step,
                            queue_depth=lambda: service.engine.stats().get("queued", 0))
   source = rl_loop.RolloutSource(loader, adapter_for, proxy, trial_cfg, cfg,

@@ -166,6 +166,15 @@ def _mixed(results: Sequence[TrialResult]) -> dict[int, bool]:
   return {g: len(v) > 1 and max(v) > min(v) for g, v in by_group.items()}
 
 
+def first_draw_tasks(cfg) -> int:
+  """Tasks the first draw round of an RL step takes: ``rollout.draw_tasks`` (default
+  ``tasks_per_step``) with dynamic sampling, else ``tasks_per_step``."""
+  target = int(cfg.rollout.tasks_per_step)
+  if int(cfg.rollout.get("max_draw_rounds", 1)) > 1:
+    return int(cfg.rollout.get("draw_tasks", 0) or target)
+  return target
+
+
 class RolloutSource:
   """Produces one step's trial results: ``tasks_per_step`` tasks x ``samples_per_task``.
 
@@ -234,10 +243,10 @@ class RolloutSource:
     """Runs the next step's trials (every draw round)."""
     n = int(self.cfg.rollout.samples_per_task)
     target = int(self.cfg.rollout.tasks_per_step)
-    per_round = int(self.cfg.rollout.get("draw_tasks", 0) or target)
+    per_round = first_draw_tasks(self.cfg)
     seed, step = int(self.cfg.seed), self.next_step
     passed = collections.Counter()
-    tasks = self._draw(per_round if self.max_rounds > 1 else target, passed)
+    tasks = self._draw(per_round, passed)
     step_dir = os.path.join(self.out_dir, f"step_{step:05d}")
     if os.path.isdir(step_dir):
       cut = interrupted_records(step_dir, tasks)
