@@ -310,11 +310,13 @@ def run(cfg, workdir: str) -> dict:
       summary.update(sft_demos=len(demos), sft_steps=last.get("sft_step"), sft_final_nll=last.get("nll"),
                      sft_demo_collection_s=t_demo, sft_s=time.perf_counter() - t0)
       wall.update(sft_demos=t_demo, sft=time.perf_counter() - t0 - t_demo)
+      run_state.phase_s.update(sft_demos=wall["sft_demos"], sft=wall["sft"])
     run_state.phase = "eval_before"
     ckpt.save(0, learner.state, host=run_state.to_json(), force=True)
     ckpt.wait()
 
   wall["setup"] = time.perf_counter() - t_start - wall.get("sft_demos", 0.0) - wall.get("sft", 0.0)
+  run_state.phase_s["setup"] = run_state.phase_s.get("setup", 0.0) + wall["setup"]
   service = PolicyService(_sampler_model(learner), tokenizer, cfg, sockets)
   try:
     if run_state.phase == "eval_before" and not cfg.eval.before_after:
@@ -324,12 +326,14 @@ def run(cfg, workdir: str) -> dict:
       before_path = paths.join(workdir, "eval", "before_rl", "result.json")
       if paths.exists(before_path):
         before = json.loads(paths.read_text(before_path))
+        run_state.phase_s.setdefault("eval_before", float(before.get("eval_s", 0.0)))
       else:
         t0 = time.perf_counter()
         before = evaluate_held_out(service, val_tasks, extra_sets, eval_adapter, trial_cfg, cfg,
                                    distributed.host_local_dir(workdir, "eval/before_rl"),
                                    trials_path=trials_path, step=0, phase="eval_before_rl")
         before["eval_s"] = wall["eval_before"] = time.perf_counter() - t0
+        run_state.phase_s["eval_before"] = wall["eval_before"]
         writer.write(0, scalars(before), phase="eval")
         if primary:
           paths.write_text(before_path, json.dumps(before))
@@ -351,7 +355,7 @@ def run(cfg, workdir: str) -> dict:
       after = evaluate_held_out(service, val_tasks, extra_sets, eval_adapter, trial_cfg, cfg,
                                 distributed.host_local_dir(workdir, "eval/after_rl"),
                                 trials_path=trials_path, step=run_state.rl_step, phase="eval_after_rl")
-      wall["eval_after"] = time.perf_counter() - t0
+      wall["eval_after"] = run_state.phase_s["eval_after"] = time.perf_counter() - t0
       writer.write(run_state.rl_step, scalars(after), phase="eval")
       print(f"[eval after RL] {json.dumps(scalars(after))}", flush=True)
   finally:
@@ -366,7 +370,9 @@ def run(cfg, workdir: str) -> dict:
       "val_tasks": len(val_tasks), "eval_samples_per_task": n,
       "rl_steps": run_state.rl_step, "mode": cfg.trainer.mode,
       "wall_s": time.perf_counter() - t_start,
-      "wall_s_by_phase": wall,
+      "wall_s_by_phase": wall,  # this process's seconds; a resumed run's start is its restart
+      "wall_s_by_phase_all_runs": dict(run_state.phase_s),  # every process, to its last checkpoint
+      "wall_s_all_runs": sum(run_state.phase_s.values()),
       "policy": policy_name(cfg),
       "trainable": str(cfg.trainer.get("trainable", "all")),
   })
@@ -405,6 +411,7 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
   probe = rl_loop.KLProbe(os.path.join(distributed.host_local_dir(workdir, "rollouts"), "kl_probe.npz"))
   producer = rl_loop.AsyncRollouts(source) if cfg.trainer.mode == "async" else None
   t0, cpu0 = time.perf_counter(), cpu_time.process_tree_cpu_s()
+  rl_s_before = run_state.phase_s.get("rl", 0.0)  # earlier processes' RL seconds (a resumed run)
   busy = 0.0
   rl_progress = PhaseProgress("rl", steps, unit="steps", done=run_state.rl_step)
   try:
@@ -436,6 +443,7 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
                        f"trials/h {metrics['trials_per_hour']:.0f} "
                        f"|dlogp| {lm.get('rollout_abs_dlogp', float('nan')):.2e}", done=step, force=True)
       run_state.rl_step, run_state.loader, run_state.version = step, position_after, version
+      run_state.phase_s["rl"] = rl_s_before + time.perf_counter() - t0
       if step % max(1, int(cfg.checkpoint.every)) == 0 or step == steps:
         ckpt.save(step, learner.state, host=run_state.to_json(), metrics={"solve_rate": metrics["solve_rate"]})
       if int(cfg.eval.every) and step % int(cfg.eval.every) == 0 and step != steps:
@@ -448,6 +456,7 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
       producer.close()
     progress.close()
   elapsed = time.perf_counter() - t0
+  run_state.phase_s["rl"] = rl_s_before + elapsed
   # CPU seconds of this process and its reaped trial processes: with ``rl_s`` and the core
   # count, how much of the machine the RL phase kept busy.
   return {"rl_s": elapsed, "rl_cpu_s": cpu_time.process_tree_cpu_s() - cpu0,

@@ -21,13 +21,17 @@ class RunState:
   """``phase``: the phase to run next; ``rl_step``: RL steps done; ``loader``: the task
   loader's position after them (with the difficulty filter's memory, ``rl_loop.Collected``);
   ``before``: the before-RL evaluation (None until it ran); ``version``: the sampler's
-  parameter version after the last update."""
+  parameter version after the last update; ``phase_s``: wall seconds per phase summed over
+  every process of the run, up to its last checkpoint (a killed process's seconds after its
+  last checkpoint are not in it), so a resumed run's ``summary.json`` can report the whole
+  run's time (``wall_s_by_phase_all_runs``) and not only its own process's."""
 
   phase: str = "sft"
   rl_step: int = 0
   loader: dict = dataclasses.field(default_factory=dict)
   before: dict | None = None
   version: int = 0
+  phase_s: dict = dataclasses.field(default_factory=dict)
 
   def to_json(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -46,4 +50,5 @@ class RunState:
       raise errors.CheckpointError(f"the checkpoint's run state has phase {state.phase!r}; "
                                    f"expected one of {PHASES}.")
     state.rl_step, state.version = int(state.rl_step), int(state.version)
+    state.phase_s = {str(k): float(v) for k, v in (state.phase_s or {}).items()}
     return state

@@ -871,6 +871,7 @@ def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
   left += [f"process {p.pid} (train)" for p in procs if p.poll() is None]
   if not why:
     why += _compare_runs(j("full"), j("killed"), steps, kill_after, cut_trials)
+    why += _check_resumed_seconds(j("killed", "summary.json"))
   records = _read_jsonl(j("killed", "trials.jsonl"))
   recorded = {r["trial_id"] for r in records if r.get("phase") == "rl_interrupted"}
   return Outcome(fault="pipeline_kill", backend="local", harness="builtin",
@@ -878,6 +879,23 @@ def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
                  final=[r["status"] for r in records if r.get("phase") == "rl"],
                  lost=len(cut_trials - recorded), leaked=left, ok=not why and not left,
                  detail="; ".join(why), wall_s=round(time.perf_counter() - t0, 2))
+
+
+def _check_resumed_seconds(summary_path: str) -> list[str]:
+  """The resumed run's summary (``PIPELINE_OVERRIDES`` run no SFT and no evaluation): the whole
+  run's phase seconds carry the first process's setup and its RL steps up to the checkpoint it
+  was killed after, on top of the resumed process's own."""
+  with open(summary_path) as f:
+    s = json.load(f)
+  own, every = s["wall_s_by_phase"], s.get("wall_s_by_phase_all_runs", {})
+  why = []
+  for phase in ("setup", "rl"):
+    if not every.get(phase, 0) > own.get(phase, 0) > 0:
+      why.append(f"the whole run's {phase} seconds {every.get(phase)} do not include the first "
+                 f"process's (this process: {own.get(phase)})")
+  if abs(s.get("wall_s_all_runs", 0) - sum(every.values())) > 1e-6:
+    why.append(f"wall_s_all_runs {s.get('wall_s_all_runs')} is not the sum of {every}")
+  return why
 
 
 def _trial_key(r: dict) -> tuple:

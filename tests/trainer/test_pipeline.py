@@ -55,6 +55,8 @@ def test_summary_and_accounting(run):
   phase_s = summary["wall_s_by_phase"]
   assert set(phase_s) == {"setup", "sft_demos", "sft", "eval_before", "rl", "eval_after"}, phase_s
   assert all(v > 0 for v in phase_s.values()) and sum(phase_s.values()) <= summary["wall_s"]
+  # One process ran it all: the whole run's phase seconds are this process's.
+  assert summary["wall_s_by_phase_all_runs"] == pytest.approx(phase_s, abs=1e-6)
   assert summary["sft_demos"] == 4  # the scripted policy solves every demo task (+2 held out)
   # The RL phase's CPU (this process and its reaped trial processes) fits in its wall time x cores.
   assert 0 < summary["rl_cpu_s"] <= summary["rl_s"] * cpu_time.usable_cores() * 1.05
