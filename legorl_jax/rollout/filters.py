@@ -71,7 +71,7 @@ def prepare_groups(results: Sequence, n: int, cfg, stale: frozenset = frozenset(
       elif st.is_infrastructure(r.status):
         dropped[r.status] += 1
         broken[gi] = True
-      elif not (r.trajectory or {}).get("segments"):
+      elif not (r.trajectory and r.trajectory.segments):
         dropped["no_segments"] += 1  # nothing recorded: no gradient, and no fair baseline
         broken[gi] = True
       elif r.trial_id in stale:

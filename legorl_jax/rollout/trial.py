@@ -28,6 +28,7 @@ from legorl_jax.harnesses import base as hbase
 from legorl_jax.rewards import status as st
 from legorl_jax.rewards.verifier import verify
 from legorl_jax.sandbox import SandboxConfig, create_sandbox
+from legorl_jax.rollout.trajectory import Trajectory
 from legorl_jax.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,9 @@ _TAIL = 4000
 
 @dataclasses.dataclass
 class TrialResult:
-  """What one trial produced. ``trajectory`` is the proxy session's recording (not written to
-  ``trials.jsonl``; it goes to ``trajectory_path``)."""
+  """What one trial produced. ``trajectory`` is the proxy session's recording, typed (not
+  written to ``trials.jsonl``; its JSON goes to ``trajectory_path``); None when the harness
+  never reached the proxy."""
 
   trial_id: str
   task_id: str
@@ -57,7 +59,7 @@ class TrialResult:
   error: str = ""
   log_paths: dict[str, str] = dataclasses.field(default_factory=dict)
   trajectory_path: str = ""
-  trajectory: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
+  trajectory: Trajectory | None = dataclasses.field(default=None, repr=False)
 
   @property
   def infrastructure_failure(self) -> bool:
@@ -65,7 +67,7 @@ class TrialResult:
 
   def record(self) -> dict[str, Any]:
     """The ``trials.jsonl`` line (everything but the in-memory trajectory)."""
-    d = dataclasses.asdict(self)
+    d = dataclasses.asdict(dataclasses.replace(self, trajectory=None))
     d.pop("trajectory")
     return d
 
@@ -192,20 +194,19 @@ def _collect_trajectory(res: TrialResult, proxy, session_id: str, tdir: str, kee
   session = proxy.sessions.pop(session_id)
   if session is None:
     return
-  res.trajectory = session.trajectory()
+  recording = session.trajectory()
+  res.trajectory = Trajectory.from_json(recording, f"trial {res.trial_id}")
   _summarise(res)
   if keep_file:
     path = os.path.join(tdir, "trajectory.json")
     with open(path, "w") as f:
-      json.dump(res.trajectory, f)
+      json.dump(recording, f)
     res.trajectory_path = path
 
 
 def _summarise(res: TrialResult):
-  traj = res.trajectory or {}
-  calls = traj.get("calls", [])
-  main = [c for c in calls if c.get("stream") == "main"]
-  res.turns = len(main)
-  res.prompt_tokens = sum(len(c.get("prompt_ids", [])) for c in calls)
-  res.sampled_tokens = sum(len(c.get("token_ids", [])) for c in calls)
-  res.params_versions = sorted({int(c.get("params_version", 0)) for c in calls})
+  calls = res.trajectory.calls if res.trajectory else []
+  res.turns = len(res.trajectory.main_calls) if res.trajectory else 0
+  res.prompt_tokens = sum(len(c.prompt_ids) for c in calls)
+  res.sampled_tokens = sum(len(c.token_ids) for c in calls)
+  res.params_versions = sorted({int(c.params_version) for c in calls})

@@ -24,6 +24,7 @@ import numpy as np
 
 from legorl_jax import errors
 from legorl_jax.proxy import route_codec
+from legorl_jax.rollout.trajectory import Trajectory
 
 KEYS = ("input_ids", "positions", "segment_ids", "loss_mask", "advantages", "rollout_logp")
 LAYOUT_KEY = "shared_prefix"  # int32 [2]: (P, L) of a grouped batch
@@ -50,22 +51,23 @@ class TrainSequence:
   routes: np.ndarray | None = None  # int [T, L_moe, k] sampler routes (-1: none), MoE only
 
 
-def sequences_from_trajectory(traj: dict, advantage: float, trial_id: str = "") -> list[TrainSequence]:
-  """Train segments of a proxy trajectory, each carrying the trial's advantage (and the
-  sampler's routes, for a mixture-of-experts policy)."""
+def sequences_from_trajectory(traj: Trajectory, advantage: float,
+                              trial_id: str = "") -> list[TrainSequence]:
+  """Train segments of a trial's trajectory that sampled anything, each carrying the trial's
+  advantage (and the sampler's routes, for a mixture-of-experts policy)."""
   out = []
-  for seg in traj.get("segments", []):
-    if not seg.get("train", True) or not any(seg["loss_mask"]):
+  for seg in traj.segments:
+    if not seg.train or not seg.sampled:
       continue
     routes = None
-    if seg.get(ROUTES_KEY) is not None:
-      where = f"trial {trial_id or '?'} segment {seg.get('id', '?')} routed_experts"
-      routes = route_codec.decode(seg[ROUTES_KEY], where)
-      if len(routes) != len(seg["token_ids"]):
+    if seg.routed_experts is not None:
+      where = f"trial {trial_id or '?'} segment {seg.id} routed_experts"
+      routes = route_codec.decode(seg.routed_experts, where)
+      if len(routes) != len(seg.token_ids):
         raise errors.RolloutError(f"{where}: routes for {len(routes)} tokens, the segment has "
-                                  f"{len(seg['token_ids'])}; the trajectory is inconsistent.")
-    out.append(TrainSequence(list(seg["token_ids"]), list(seg["loss_mask"]), list(seg["logprobs"]),
-                         float(advantage), trial_id, routes))
+                                  f"{len(seg.token_ids)}; the trajectory is inconsistent.")
+    out.append(TrainSequence(list(seg.token_ids), list(seg.loss_mask), list(seg.logprobs),
+                             float(advantage), trial_id, routes))
   return out
 
 

@@ -87,7 +87,8 @@ def build_batches(results: Sequence[TrialResult], cfg, current_version: int
     for ti, r in enumerate(group):
       if r is None or mask[gi, ti] == 0:
         continue
-      seqs += batching.sequences_from_trajectory(r.trajectory or {}, float(adv[gi, ti]), r.trial_id)
+      if r.trajectory is not None:
+        seqs += batching.sequences_from_trajectory(r.trajectory, float(adv[gi, ti]), r.trial_id)
   batches, bstats = grouped_then_plain(seqs, cfg)
   valid = grouped.valid
   metrics = {
@@ -133,10 +134,9 @@ def rollout_metrics(results: Sequence[TrialResult], wall_s: float) -> dict[str, 
     m[f"status_{status}"] = float(c)
   # Prompt tokens of the trials' sampler calls: served from the engine's prefix cache, and
   # prefilled (every prompt token but the last, which the first decode step feeds).
-  calls = [c for r in results for c in (r.trajectory or {}).get("calls", ())]
-  m["prompt_tokens_cached"] = float(sum(c["reused_prefix_len"] for c in calls))
-  m["prompt_tokens_prefilled"] = float(sum(max(0, len(c["prompt_ids"]) - 1 - c["reused_prefix_len"])
-                                           for c in calls))
+  calls = [c for r in results if r.trajectory for c in r.trajectory.calls]
+  m["prompt_tokens_cached"] = float(sum(c.reused_prefix_len for c in calls))
+  m["prompt_tokens_prefilled"] = float(sum(c.prefilled for c in calls))
   for key in ("sandbox_s", "harness_s", "verify_s", "total_s"):
     vals = [r.durations[key] for r in results if key in r.durations]
     if vals:

@@ -20,6 +20,7 @@ from legorl_jax.harnesses.scripted import ScriptedPolicy, patches_by_instruction
 from legorl_jax.rewards import status as st
 from legorl_jax.trainer import batching
 from legorl_jax.rollout.runner import TrialJob, run_trials
+from legorl_jax.rollout.trajectory import Trajectory
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.trainer import config_check, rl_loop
 from legorl_jax.trainer.policy_service import scripted_proxy
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def collect_demonstrations(tasks: Sequence, adapter_for: Callable, tokenizer,
                            trial_cfg: TrialConfig, out_dir: str, socket_dir: str,
-                           concurrency: int = 2, minimal_edits: bool = False) -> list[dict]:
+                           concurrency: int = 2, minimal_edits: bool = False) -> list[Trajectory]:
   """Runs the scripted gold-patch policy through ``adapter_for(task)`` on ``tasks``; returns the
   trajectories of solved trials (and writes them to ``out_dir/demos.jsonl``). With
   ``minimal_edits`` its edit-tool calls name only the changed tokens and enough context to be
@@ -45,18 +46,19 @@ def collect_demonstrations(tasks: Sequence, adapter_for: Callable, tokenizer,
   demos = [r.trajectory for r in results if r.status == st.SOLVED and r.trajectory]
   with open(os.path.join(out_dir, "demos.jsonl"), "w") as f:
     for d in demos:
-      f.write(json.dumps({"segments": d["segments"]}) + "\n")
+      f.write(json.dumps(d.demonstration_json()) + "\n")
   log.info("collected %d/%d solved demonstrations", len(demos), len(results))
   return demos
 
 
-def load_demonstrations(path: str) -> list[dict]:
+def load_demonstrations(path: str) -> list[Trajectory]:
   """Trajectories from a ``demos.jsonl`` (one ``{"segments": [...]}`` per line)."""
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    return [Trajectory.from_json(json.loads(line), f"{path} line {i + 1}")
+            for i, line in enumerate(f) if line.strip()]
 
 
-def imitation_check(learner, demos: Sequence[dict], cfg) -> dict[str, float]:
+def imitation_check(learner, demos: Sequence[Trajectory], cfg) -> dict[str, float]:
   """How well the policy reproduces demonstrations it was not trained on.
 
   Probabilities are the learner's, at ``loss.temperature`` (the temperature rollouts sample
@@ -143,9 +145,9 @@ def _trunk_cache(learner, seqs, cfg, shared, plain_phase, budget_mb) -> TrunkCac
   return cache
 
 
-def run_sft(learner, demos: Sequence[dict], cfg, *, steps: int, seed: int = 0,
+def run_sft(learner, demos: Sequence[Trajectory], cfg, *, steps: int, seed: int = 0,
             on_step: Callable[[int, dict], None] | None = None,
-            max_seconds: float | None = None, check_demos: Sequence[dict] = (),
+            max_seconds: float | None = None, check_demos: Sequence[Trajectory] = (),
             check_every: int = 50, stop_at_greedy_exact: float | None = None,
             short_context_steps: int = 0, trunk_cache_mb: float | None = None) -> dict:
   """``steps`` updates on demonstration sequences sampled (seeded) with replacement, or fewer

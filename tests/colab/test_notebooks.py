@@ -34,7 +34,7 @@ assert sum(sum(c.values()) for c in by_phase.values()) == len(trials) > 0
         check="""
 assert scripted.status == "solved" and scripted.reward == 1.0, scripted.error
 assert neural.status in ("failed", "overlong", "timeout", "solved"), neural.error
-assert neural.trajectory["segments"] and max_abs_dlogp < 1e-4, max_abs_dlogp
+assert neural.trajectory.segments and max_abs_dlogp < 1e-4, max_abs_dlogp
 assert n_sampled > 0 and "loss-mask" in token_html
 """),
     "fused_loss.ipynb": dict(

@@ -184,22 +184,22 @@ def describe(res) -> str:
 def check_masks(trajectory):
   """Loss mask is 1 exactly on each call's sampled ids (at its sample_offset), 0 elsewhere,
   and logprobs are 0 where the mask is 0; side streams never reach the train segments."""
-  calls = trajectory["calls"]
-  for seg in trajectory["segments"] + trajectory["side_segments"]:
-    ids, mask, logps = seg["token_ids"], seg["loss_mask"], seg["logprobs"]
+  calls = trajectory.calls
+  for seg in trajectory.segments + trajectory.side_segments:
+    ids, mask, logps = seg.token_ids, seg.loss_mask, seg.logprobs
     assert len(ids) == len(mask) == len(logps)
     want = np.zeros(len(ids), np.int64)
-    for ci in seg["calls"]:
+    for ci in seg.calls:
       c = calls[ci]
-      assert c["segment"] == seg["id"]
-      off, n = c["sample_offset"], len(c["token_ids"])
-      assert ids[off:off + n] == c["token_ids"]
-      assert ids[:len(c["prompt_ids"])] == c["prompt_ids"], "prompt must prefix its segment"
+      assert c.segment == seg.id
+      off, n = c.sample_offset, len(c.token_ids)
+      assert ids[off:off + n] == c.token_ids
+      assert ids[:len(c.prompt_ids)] == c.prompt_ids, "prompt must prefix its segment"
       want[off:off + n] = 1
     np.testing.assert_array_equal(np.asarray(mask), want)
     assert all(lp == 0.0 for lp, m in zip(logps, mask) if m == 0)
-  assert all(s["train"] and s["stream"] == "main" for s in trajectory["segments"])
-  assert all(not s["train"] for s in trajectory["side_segments"])
+  assert all(s.train and s.stream == "main" for s in trajectory.segments)
+  assert all(not s.train for s in trajectory.side_segments)
 
 
 def check_scripted_trajectory(res, proxy, tokenizer, expected_train_segments: int | None = 1):
@@ -207,19 +207,18 @@ def check_scripted_trajectory(res, proxy, tokenizer, expected_train_segments: in
   the scripted replies (+ end of turn), masks exact, the expected number of train segments."""
   assert res.status == st.SOLVED, describe(res)
   traj = res.trajectory
-  assert traj is not None and traj["calls"], describe(res)
+  assert traj is not None and traj.calls, describe(res)
   check_masks(traj)
   eot = tokenization.special_token_ids(tokenizer)["im_end"]
   replies = {tuple(tokenizer.encode(r, add_special_tokens=False)) + (eot,) for r in proxy.replies}
-  for c in traj["calls"]:
-    assert tuple(c["token_ids"]) in replies, c["index"]
-    assert all(lp == 0.0 for lp in c["logprobs"])
+  for c in traj.calls:
+    assert tuple(c.token_ids) in replies, c.index
+    assert all(lp == 0.0 for lp in c.logprobs)
   if expected_train_segments is not None:
-    assert len(traj["segments"]) == expected_train_segments, (
-        [(s["reason"], s["calls"]) for s in traj["segments"]], describe(res))
-  main_calls = [c for c in traj["calls"] if c["stream"] == "main"]
-  n_masked = sum(sum(s["loss_mask"]) for s in traj["segments"])
-  assert n_masked == sum(len(c["token_ids"]) for c in main_calls)
+    assert len(traj.segments) == expected_train_segments, (
+        [(s.reason, s.calls) for s in traj.segments], describe(res))
+  n_masked = sum(s.sampled for s in traj.segments)
+  assert n_masked == sum(len(c.token_ids) for c in traj.main_calls)
   return traj
 
 
@@ -271,17 +270,17 @@ def check_token_faithful(model, trajectory, tol: float = 1e-5) -> int:
   """Every sampled token of every segment (train and side) re-scored by the model equals the
   recorded logprob; returns how many tokens were checked."""
   check_masks(trajectory)
-  calls = trajectory["calls"]
+  calls = trajectory.calls
   checked = 0
-  for seg in trajectory["segments"] + trajectory["side_segments"]:
-    if not seg["calls"]:
+  for seg in trajectory.segments + trajectory.side_segments:
+    if not seg.calls:
       continue
-    temps = {calls[ci]["temperature"] for ci in seg["calls"]}
+    temps = {calls[ci].temperature for ci in seg.calls}
     assert len(temps) == 1, temps
-    ref = rescore(model, seg["token_ids"], temps.pop())
-    for t, (m, lp) in enumerate(zip(seg["loss_mask"], seg["logprobs"])):
+    ref = rescore(model, seg.token_ids, temps.pop())
+    for t, (m, lp) in enumerate(zip(seg.loss_mask, seg.logprobs)):
       if m:
-        assert abs(ref[t] - lp) < tol, (seg["id"], t, ref[t], lp)
+        assert abs(ref[t] - lp) < tol, (seg.id, t, ref[t], lp)
         checked += 1
   return checked
 

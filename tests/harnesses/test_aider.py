@@ -65,7 +65,7 @@ def test_scripted_local(run_harness_trials, proxy, easy_tasks, tokenizer):
     assert res.turns == 1, describe(res)
     text = proxy.replies[0]
     assert "<<<<<<< SEARCH" in text and ">>>>>>> REPLACE" in text
-    assert not traj["side_segments"]
+    assert not traj.side_segments
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ def _check_solved(results, proxy, tokenizer, tasks):
     traj = check_scripted_trajectory(res, proxy, tokenizer, expected_train_segments=1)
     # one edit call per changed block, then submit; all in one segment
     assert res.turns == len(edits_from_patch(task.gold_patch)) + 1
-    assert [c["new_segment"] for c in traj["calls"]][0] == "first_call"
+    assert [c.new_segment for c in traj.calls][0] == "first_call"
 
 
 def test_scripted_local(run_harness_trials, proxy, easy_tasks, tokenizer):
@@ -43,6 +43,6 @@ def test_tiny_policy(run_harness_trials, tiny_engine_proxy, easy_tasks):
   checked = 0
   for r in results:
     assert r.status != st.SANDBOX_ERROR, r.error
-    assert r.trajectory["calls"], r.error
+    assert r.trajectory.calls, r.error
     checked += check_token_faithful(tiny_engine_proxy.model, r.trajectory)
   assert checked > 0

@@ -53,9 +53,9 @@ def test_scripted_local(run_harness_trials, scripted_proxy, easy_tasks, tokenize
     # Read, Edit (echoed back unchanged, so spliced: one segment), final answer.
     traj = check_scripted_trajectory(res, proxy, tokenizer, expected_train_segments=1)
     assert res.turns == 3, describe(res)
-    assert not traj["side_segments"]
-    assert all(c["api"] == "messages" for c in traj["calls"])
-    assert [c["spliced_messages"] for c in traj["calls"]] == [0, 1, 2]
+    assert not traj.side_segments
+    assert all(c.api == "messages" for c in traj.calls)
+    assert [c.spliced_messages for c in traj.calls] == [0, 1, 2]
   assert any('"name": "Edit"' in r for r in proxy.replies)
 
 
@@ -77,4 +77,4 @@ def test_context_overflow_is_overlong(run_harness_trials, scripted_proxy, easy_t
   results = run_harness_trials(ClaudeCodeAdapter(), proxy, tasks, timeout_s=120)
   check_accounted(results, tasks)
   assert results[0].status == st.OVERLONG, describe(results[0])
-  assert not results[0].trajectory["calls"]
+  assert not results[0].trajectory.calls

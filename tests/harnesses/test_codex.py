@@ -56,8 +56,8 @@ def test_scripted_local(run_harness_trials, scripted_proxy, easy_tasks, tokenize
   for res in results:
     traj = check_scripted_trajectory(res, proxy, tokenizer, expected_train_segments=1)
     assert res.turns == 2, describe(res)  # exec_command (write + git apply), final answer
-    assert not traj["side_segments"]
-    assert all(c["api"] == "responses" for c in traj["calls"])
+    assert not traj.side_segments
+    assert all(c.api == "responses" for c in traj.calls)
   assert any('"name": "exec_command"' in r and "git apply" in r for r in proxy.replies)
 
 
@@ -79,4 +79,4 @@ def test_context_overflow_is_overlong(run_harness_trials, scripted_proxy, easy_t
   results = run_harness_trials(CodexAdapter(context_tokens=4096), proxy, tasks, timeout_s=120)
   check_accounted(results, tasks)
   assert results[0].status == st.OVERLONG, describe(results[0])
-  assert not results[0].trajectory["calls"]
+  assert not results[0].trajectory.calls

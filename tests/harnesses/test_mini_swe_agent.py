@@ -32,7 +32,7 @@ def _check_solved(results, proxy, tokenizer, tasks):
     traj = check_scripted_trajectory(res, proxy, tokenizer, expected_train_segments=1)
     # git apply through the bash tool, then the finish command
     assert res.turns == 2, describe(res)
-    assert not traj["side_segments"]
+    assert not traj.side_segments
   assert any(FINISH_COMMAND in r for r in proxy.replies)
 
 

@@ -54,11 +54,11 @@ def test_scripted_local(run_harness_trials, scripted_proxy, easy_tasks, tokenize
   res = results[0]
   traj = check_scripted_trajectory(res, proxy, tokenizer, expected_train_segments=1)
   assert res.turns == 3, describe(res)  # read, edit, final answer
-  calls = traj["calls"]
-  assert [c["stream"] for c in calls].count("title") == 1
-  (title,) = traj["side_segments"]
-  assert title["stream"] == "title" and not title["train"]
-  assert all(c["api"] == "chat" for c in calls)
+  calls = traj.calls
+  assert [c.stream for c in calls].count("title") == 1
+  (title,) = traj.side_segments
+  assert title.stream == "title" and not title.train
+  assert all(c.api == "chat" for c in calls)
   assert '"name": "edit"' in "".join(proxy.replies)
 
 
@@ -81,4 +81,4 @@ def test_context_overflow_is_overlong(run_harness_trials, scripted_proxy, easy_t
   results = run_harness_trials(adapter, proxy, tasks, timeout_s=120)
   check_accounted(results, tasks)
   assert results[0].status == st.OVERLONG, describe(results[0])
-  assert not results[0].trajectory["segments"]  # nothing of the main loop was sampled
+  assert not results[0].trajectory.segments  # nothing of the main loop was sampled

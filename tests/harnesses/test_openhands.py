@@ -42,7 +42,7 @@ def test_scripted_local(run_harness_trials, proxy, easy_tasks, tokenizer):
     traj = check_scripted_trajectory(res, proxy, tokenizer, expected_train_segments=1)
     # one file_editor str_replace per changed block (absolute paths), then finish
     assert res.turns == len(edits_from_patch(task.gold_patch)) + 1, describe(res)
-    assert not traj["side_segments"]
+    assert not traj.side_segments
   assert any('"path": "/workspace/' in r for r in proxy.replies)
 
 
@@ -54,7 +54,7 @@ def test_tiny_policy_overflows_8k_context(run_harness_trials, tiny_engine_proxy,
   results = run_harness_trials(OpenHandsAdapter(), tiny_engine_proxy.proxy, tasks, max_turns=1)
   check_accounted(results, tasks)
   assert [r.status for r in results] == [st.OVERLONG], describe(results[0])
-  assert results[0].trajectory["calls"] == [] and results[0].reward == 0.0
+  assert results[0].trajectory.calls == [] and results[0].reward == 0.0
 
 
 @pytest.mark.slow

@@ -522,7 +522,7 @@ def engine_raises(env: FaultEnv, engine, proxy, backend="local") -> Outcome:
     failed = engine.stats().get("failed", 0) - failed0
     if failed < 1:
       return "the injected failure did not hit a request"
-    if not r.trajectory or not r.trajectory.get("calls"):
+    if not r.trajectory or not r.trajectory.calls:
       return "no model call was recorded after the failure"
     if st.is_infrastructure(r.status):
       return f"final status {r.status}"

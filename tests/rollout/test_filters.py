@@ -6,6 +6,7 @@ import ml_collections
 import numpy as np
 
 from legorl_jax.rollout import filters
+from legorl_jax.rollout.trajectory import Segment, Trajectory
 
 
 @dataclasses.dataclass
@@ -15,7 +16,8 @@ class R:  # the fields of TrialResult the filters read
   status: str
   reward: float
   sampled_tokens: int = 10
-  trajectory: dict = dataclasses.field(default_factory=lambda: {"segments": [{"token_ids": [1]}]})
+  trajectory: Trajectory = dataclasses.field(
+      default_factory=lambda: Trajectory(segments=[Segment([1], [1], [-0.5])]))
 
 
 def cfg(**kw):

@@ -67,14 +67,14 @@ def test_recording_and_record(rollout_tasks, rollout_proxy, gold, tmp_path):
   res = _run(task, ShellAdapter("sh", CALL_PROXY, gold), rollout_proxy, tmp_path)
   assert res.status == st.SOLVED, res.error
   traj = res.trajectory
-  assert len(traj["calls"]) == 1 == res.turns
-  assert res.prompt_tokens == len(traj["calls"][0]["prompt_ids"]) > 0
-  assert res.sampled_tokens == len(traj["calls"][0]["token_ids"]) > 0
+  assert len(traj.calls) == 1 == res.turns
+  assert res.prompt_tokens == len(traj.calls[0].prompt_ids) > 0
+  assert res.sampled_tokens == len(traj.calls[0].token_ids) > 0
   assert res.params_versions == [0]
-  # the session is gone from the proxy; the trajectory is on disk
-  assert traj["session_id"] not in rollout_proxy.sessions
+  # the session is gone from the proxy; the trajectory is on disk, as the typed one's JSON
+  assert traj.session_id not in rollout_proxy.sessions
   with open(res.trajectory_path) as f:
-    assert json.load(f) == traj
+    assert json.load(f) == traj.to_json()
   line = res.record()
   assert "trajectory" not in line and json.loads(json.dumps(line)) == line
   assert os.path.isfile(line["log_paths"]["stdout"])

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from legorl_jax.rollout.trajectory import Trajectory
 from legorl_jax.rollout.trial import TrialResult
 from legorl_jax.sharding import distributed
 from legorl_jax.trainer import pipeline, rl_loop
@@ -76,7 +77,7 @@ def check_run(workdir):
   results = []
   for t in rl:
     rec = {k: v for k, v in t.items() if k in TrialResult.__dataclass_fields__}
-    results.append(TrialResult(**rec, trajectory=json.load(open(t["trajectory_path"]))))
+    results.append(TrialResult(**rec, trajectory=Trajectory.from_json(json.load(open(t["trajectory_path"])))))
   batches = _reference_batches(results, cfg)
   assert batches and train["batch_updates"] == len(batches)
   ref_cfg = worker.config()

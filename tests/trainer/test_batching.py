@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from legorl_jax import errors
+from legorl_jax.rollout.trajectory import Trajectory
 from legorl_jax.trainer import batching
 
 
@@ -53,7 +54,7 @@ def test_trajectory_segments_and_side_streams():
                         "train": True},
                        {"token_ids": [4, 5], "loss_mask": [0, 0], "logprobs": [0, 0], "train": True}],
           "side_segments": [{"token_ids": [9], "loss_mask": [1], "logprobs": [-1], "train": False}]}
-  seqs = batching.sequences_from_trajectory(traj, 0.3, "t1")
+  seqs = batching.sequences_from_trajectory(Trajectory.from_json(traj), 0.3, "t1")
   assert len(seqs) == 1 and seqs[0].token_ids == [1, 2, 3] and seqs[0].advantage == 0.3
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from experiments.configs import common
 from legorl_jax import errors
+from legorl_jax.rollout.trajectory import Trajectory
 from legorl_jax.trainer import rl_loop
 
 
@@ -35,13 +36,14 @@ class R:
   reward: float
   params_versions: list
   sampled_tokens: int = 3
-  trajectory: dict = None
+  trajectory: Trajectory = None
 
 
 def _traj(n_prompt, n_sampled):
   ids = list(range(n_prompt + n_sampled))
-  return {"segments": [{"token_ids": ids, "loss_mask": [0] * n_prompt + [1] * n_sampled,
-                        "logprobs": [0.0] * n_prompt + [-0.5] * n_sampled, "train": True}]}
+  return Trajectory.from_json(
+      {"segments": [{"token_ids": ids, "loss_mask": [0] * n_prompt + [1] * n_sampled,
+                     "logprobs": [0.0] * n_prompt + [-0.5] * n_sampled, "train": True}]})
 
 
 def test_build_batches_grpo_advantages_and_staleness():
@@ -142,12 +144,13 @@ def test_build_batches_shares_each_groups_prompt():
   cfg.rollout.samples_per_task = 3
   cfg.trainer.buckets, cfg.trainer.rows_per_batch, cfg.trainer.micro_batches = (32,), 2, 1
   cfg.trainer.share_prompt = (8, 6, 3, 2)
-  traj = lambda k: {"segments": [{"token_ids": [5] * 6 + list(range(10 * k, 10 * k + 3 + k)),
-                                  "loss_mask": [0] * 6 + [1] * (3 + k),
-                                  "logprobs": [0.0] * 6 + [-0.5] * (3 + k), "train": True}]}
+  traj = lambda k: Trajectory.from_json(
+      {"segments": [{"token_ids": [5] * 6 + list(range(10 * k, 10 * k + 3 + k)),
+                     "loss_mask": [0] * 6 + [1] * (3 + k),
+                     "logprobs": [0.0] * 6 + [-0.5] * (3 + k), "train": True}]})
   rs = [R(f"a{k}", "t0", 0, "solved" if k else "failed", float(k > 0), [3], trajectory=traj(k))
         for k in range(3)]
-  rs[2].trajectory["segments"][0]["token_ids"][-1] = 999  # still fits: 1 + 5 tokens
+  rs[2].trajectory.segments[0].token_ids[-1] = 999  # still fits: 1 + 5 tokens
   rs += [R(f"b{k}", "t1", 1, "solved" if k else "failed", float(k > 0), [3],
            trajectory=_traj(4, 12 if k == 0 else 3)) for k in range(3)]
   batches, m = rl_loop.build_batches(rs, cfg, current_version=3)

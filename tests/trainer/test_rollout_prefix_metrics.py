@@ -1,13 +1,14 @@
 """The RL step's rollout metrics carry the prompt tokens served from the prefix cache and the
 tokens prefilled, summed over every sampler call of the step's trials."""
 
+from legorl_jax.rollout.trajectory import Call, Trajectory
 from legorl_jax.rollout.trial import TrialResult
 from legorl_jax.trainer import rl_loop
 
 
 def test_rollout_metrics_count_cached_and_prefilled_prompt_tokens():
   def calls(*pairs):
-    return {"calls": [{"prompt_ids": list(range(n)), "reused_prefix_len": r} for n, r in pairs]}
+    return Trajectory(calls=[Call(list(range(n)), [7], [-0.1], reused_prefix_len=r) for n, r in pairs])
 
   results = [TrialResult("a", "t", "builtin", "solved", 1.0,
                          trajectory=calls((300, 0), (420, 299))),

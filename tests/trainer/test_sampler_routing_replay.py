@@ -22,6 +22,7 @@ from legorl_jax.models import create_model, get_preset
 from legorl_jax.models.params import split_model
 from legorl_jax.models.tokenizer import load_tokenizer
 from legorl_jax.proxy import EngineBackend, ProxyConfig, ProxyService, openai_chat
+from legorl_jax.rollout.trajectory import Trajectory
 from legorl_jax.sampling import Engine
 from legorl_jax.trainer import batching
 from legorl_jax.trainer.learner import Learner
@@ -48,7 +49,7 @@ def _rollout(service, name):
       conv.append({"role": "user", "content": follow})
   traj = json.loads(json.dumps(service.sessions.pop(name).trajectory()))  # as trajectory.json
   assert all("routed_experts" in seg for seg in traj["segments"])
-  seqs = batching.sequences_from_trajectory(traj, advantage=1.0)
+  seqs = batching.sequences_from_trajectory(Trajectory.from_json(traj), advantage=1.0)
   (batch,), _ = batching.make_batches(seqs, buckets=(512,), rows_per_batch=2)
   assert batch["routed_experts"].dtype == np.int8
   return batch

@@ -3,6 +3,7 @@
 import ml_collections
 import numpy as np
 
+from legorl_jax.rollout.trajectory import Trajectory
 from legorl_jax.trainer import sft
 
 
@@ -20,7 +21,8 @@ class RecordingLearner:
 def _demo(n_tokens, n_sampled):
   ids = list(range(1, n_tokens + 1))
   mask = [0] * (n_tokens - n_sampled) + [1] * n_sampled
-  return {"segments": [{"token_ids": ids, "loss_mask": mask, "logprobs": [0.0] * n_tokens}]}
+  return Trajectory.from_json(
+      {"segments": [{"token_ids": ids, "loss_mask": mask, "logprobs": [0.0] * n_tokens}]})
 
 
 def _cfg():
@@ -60,7 +62,7 @@ class FixedLogpLearner(RecordingLearner):
 
 def _demo_p(p_percent, n_sampled=4):
   d = _demo(10, n_sampled)
-  d["segments"][0]["token_ids"] = [p_percent] * 10
+  d.segments[0].token_ids = [p_percent] * 10
   return d
 
 
@@ -87,7 +89,8 @@ def _chat_demo(system, user, reply):
   """Token ids of a rendered chat: 1 starts a message (the first token of every demo)."""
   ids = [1] + system + [1] + user + [1] + reply
   mask = [0] * (len(ids) - len(reply)) + [1] * len(reply)
-  return {"segments": [{"token_ids": ids, "loss_mask": mask, "logprobs": [-0.5] * len(ids)}]}
+  return Trajectory.from_json(
+      {"segments": [{"token_ids": ids, "loss_mask": mask, "logprobs": [-0.5] * len(ids)}]})
 
 
 def test_without_shared_prefix_cuts_the_system_prompt_back_to_a_message_start():

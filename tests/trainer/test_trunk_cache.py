@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from legorl_jax.models import create_model
+from legorl_jax.rollout.trajectory import Trajectory
 from legorl_jax.trainer import batching
 from legorl_jax.trainer import sft, trunk_cache
 from legorl_jax.trainer.learner import Learner
@@ -23,7 +24,8 @@ def _demos(n=12, seed=0):
     tail = rng.integers(30, MODEL.vocab_size, int(rng.integers(6, 14))).tolist()
     ids = PROMPT + tail
     mask = [0] * (len(PROMPT) + 2) + [1] * (len(tail) - 2)
-    out.append({"segments": [{"token_ids": ids, "loss_mask": mask, "logprobs": [0.0] * len(ids)}]})
+    out.append(Trajectory.from_json(
+        {"segments": [{"token_ids": ids, "loss_mask": mask, "logprobs": [0.0] * len(ids)}]}))
   return out
 
 
