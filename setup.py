@@ -33,6 +33,9 @@ EXTRAS = {
     "test": [
         "pytest>=8,<10",
         "pytest-timeout>=2.3,<3",
+        # Two workers (pytest.ini): the suite's share of waiting on subprocesses, sandboxes and
+        # harness CLIs overlaps the other worker's compute on a 2-core CI host.
+        "pytest-xdist>=3.6,<4",
         # Reference implementations for parity tests only (CPU wheel).
         "torch==2.13.0",
         # transformers' GGUF loader (the reference of the GGUF import tests) needs it.

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import select
 import shutil
 import signal
@@ -29,10 +28,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Mapping, Sequence
 
 from legorl_jax.errors import SandboxError, TaskError
-from legorl_jax.sandbox import base, diff as diff_lib
+from legorl_jax.sandbox import base, diff as diff_lib, uids
 from legorl_jax.tasks import repo as repo_lib
 from legorl_jax.tasks.schema import Task
 from legorl_jax.utils import log_once
@@ -41,13 +39,10 @@ log = logging.getLogger(__name__)
 WEAKER_MODE_KEY = "sandbox.local.weaker_mode"  # the once-per-process warning (utils.log_once)
 
 MARKER = "legorl_sandbox.json"
-_UID_BASE, _UID_SPAN = 200000, 60000
 _MAX_FILE_BYTES = 2 << 30
 _MAX_READ_BYTES = 256 << 20
 _reaped_dirs: set[str] = set()
 _reap_lock = threading.Lock()
-_uids_in_use: set[int] = set()  # by this process's live sandboxes
-_uids_ever: set[int] = set()  # every uid this process gave a sandbox (leak checks)
 
 
 def default_base_dir() -> str:
@@ -90,82 +85,11 @@ def _rmtree(path):
   shutil.rmtree(path, onerror=onerror)
 
 
-def _kill_uid(uid: int) -> int:
-  """SIGKILLs every process whose real uid is ``uid``; returns how many were signalled."""
-  n = 0
-  for _ in range(5):
-    found = 0
-    for pid in os.listdir("/proc"):
-      if not pid.isdigit():
-        continue
-      try:
-        with open(f"/proc/{pid}/status") as f:
-          for line in f:
-            if line.startswith("Uid:"):
-              if int(line.split()[1]) == uid:
-                os.kill(int(pid), signal.SIGKILL)
-                found += 1
-              break
-      except (OSError, ValueError):
-        continue
-    n += found
-    if not found:
-      break
-    time.sleep(0.05)
-  return n
-
-
-def processes_of_uid(uid: int) -> list[int]:
-  return sandbox_processes(uid, uid + 1)
-
-
-def _allocate_uid() -> int:
-  """A sandbox uid that no live sandbox of this process holds and no process runs as: two
-  sandboxes sharing a uid would share a process limit, and killing one would kill both."""
-  with _reap_lock:
-    for _ in range(100):
-      uid = _UID_BASE + random.randrange(_UID_SPAN)
-      if uid not in _uids_in_use and not processes_of_uid(uid):
-        break
-    _uids_in_use.add(uid)
-    _uids_ever.add(uid)
-    return uid
-
-
-def own_sandbox_processes() -> list[int]:
-  """Pids still running as the uid of any sandbox this process created (should be none once
-  its sandboxes are destroyed). Other processes' sandboxes are not counted."""
-  with _reap_lock:
-    uids = set(_uids_ever)
-  return [pid for pid in sandbox_processes() if _uid_of(pid) in uids]
-
-
-def _uid_of(pid: int) -> int | None:
-  try:
-    with open(f"/proc/{pid}/status") as f:
-      for line in f:
-        if line.startswith("Uid:"):
-          return int(line.split()[1])
-  except (OSError, ValueError):
-    pass
-  return None
-
-
-def sandbox_processes(lo: int = _UID_BASE, hi: int = _UID_BASE + _UID_SPAN) -> list[int]:
-  """Pids whose real uid is in [lo, hi): by default, any local sandbox's (leak checks)."""
-  out = []
-  for pid in os.listdir("/proc"):
-    if pid.isdigit():
-      try:
-        with open(f"/proc/{pid}/status") as f:
-          for line in f:
-            if line.startswith("Uid:"):
-              if lo <= int(line.split()[1]) < hi:
-                out.append(int(pid))
-              break
-      except (OSError, ValueError):
-        pass
-  return out
+# The sandbox uids (reserved host-wide: ``uids``); these names are kept for callers.
+processes_of_uid = uids.processes_of_uid
+sandbox_processes = uids.sandbox_processes
+own_sandbox_processes = uids.own_processes
+_kill_uid = uids.kill_uid
 
 
 class LocalSandbox(base.Sandbox):
@@ -189,7 +113,7 @@ class LocalSandbox(base.Sandbox):
                        "install bubblewrap for real isolation")
       log.debug("local sandbox %s runs in the weaker mode", self.id)
     self.isolated = self.bwrap is not None
-    self.uid = _allocate_uid() if os.geteuid() == 0 else None
+    self.uid = uids.allocate() if os.geteuid() == 0 else None
     self.root = os.path.join(self.base_dir, self.id)
     self._live: set[subprocess.Popen] = set()
     self._lock = threading.Lock()
@@ -431,8 +355,7 @@ class LocalSandbox(base.Sandbox):
       if os.path.isdir(self.root):
         _rmtree(self.root)
       if self.uid is not None:
-        with _reap_lock:
-          _uids_in_use.discard(self.uid)
+        uids.release(self.uid)
 
 
 def _killpg(pid):

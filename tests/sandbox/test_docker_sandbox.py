@@ -52,7 +52,9 @@ def tasks():
 
 
 def _ours(client):
-  return client.containers.list(all=True, filters={"label": base.LABEL})
+  """This process's sandbox containers (another xdist worker's come and go meanwhile)."""
+  owner = f"{socket.gethostname()}:{os.getpid()}"
+  return client.containers.list(all=True, filters={"label": [base.LABEL, f"legorl.owner={owner}"]})
 
 
 def _cfg(image, **kw):
@@ -169,4 +171,4 @@ def test_bad_image_and_reaper(client, image, tasks):
                                                              "legorl.owner": f"{socket.gethostname()}:{dead.pid}"})
   from legorl_jax.sandbox.docker_sandbox import reap_docker
   assert c.name in reap_docker(client)
-  assert c.id not in {x.id for x in _ours(client)}
+  assert c.id not in {x.id for x in client.containers.list(all=True, filters={"label": base.LABEL})}
