@@ -191,3 +191,31 @@ def test_the_checker_catches_an_upward_import_and_a_cycle(tmp_path):
   assert sorted(map(tuple, cycles(g))) == [
       (f"{PACKAGE}.high.b", f"{PACKAGE}.high.c", f"{PACKAGE}.low.a")]
   assert cycles(package_graph(g)) == [["high", "low"]]
+
+
+MAX_LINES = 500
+SOURCE_DIRS = (PACKAGE, "experiments", "tests", "colab")
+
+
+def long_files(root: pathlib.Path = ROOT, limit: int = MAX_LINES) -> list[str]:
+  """``path: N lines`` for each Python file of ``SOURCE_DIRS`` past ``limit`` lines."""
+  out = []
+  for d in SOURCE_DIRS:
+    for path in sorted((root / d).rglob("*.py")):
+      n = len(path.read_text(encoding="utf-8", errors="replace").splitlines())
+      if n > limit:
+        out.append(f"{path.relative_to(root)}: {n} lines")
+  return out
+
+
+def test_no_source_file_is_past_the_size_limit():
+  """A module past ~500 lines is usually two jobs in one file: split it by job, as
+  ``sampling/engine.py`` was split into engine, scheduler, device and buckets."""
+  assert long_files() == [], f"split these modules by job: {long_files()}"
+
+
+def test_the_size_check_sees_a_long_file(tmp_path):
+  (tmp_path / PACKAGE).mkdir()
+  (tmp_path / PACKAGE / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
+  (tmp_path / PACKAGE / "ok.py").write_text("x = 1\n" * MAX_LINES)
+  assert long_files(tmp_path) == [f"{PACKAGE}/big.py: {MAX_LINES + 1} lines"]

@@ -35,6 +35,8 @@ FLAGS = flags.FLAGS
 def _scenarios(fk, env, docker: bool, tiny):
   """(name, backend, thunk) for every scenario; thunk() -> Outcome."""
   from legorl_jax.harnesses.codex import CodexAdapter
+  from tests.reliability import killkit as kk
+  from tests.reliability import proxykit as pk
 
   out = []
   backends = ["local"] + (["docker"] if docker else [])
@@ -53,19 +55,19 @@ def _scenarios(fk, env, docker: bool, tiny):
   if docker:
     out += [("container_removed", "docker", lambda: fk.container_removed(env)),
             ("docker_restart", "docker", lambda: fk.docker_restart(env))]
-  out.append(("proxy_bad_bodies", "local", lambda: fk.proxy_bad_bodies(env)))
-  out.append(("engine_raises", "local", lambda: fk.engine_raises(env, tiny().engine, tiny().proxy)))
+  out.append(("proxy_bad_bodies", "local", lambda: pk.proxy_bad_bodies(env)))
+  out.append(("engine_raises", "local", lambda: pk.engine_raises(env, tiny().engine, tiny().proxy)))
 
   def disk_full(async_save):
     disk = os.path.join(env.root, f"disk-{int(async_save)}")
     os.makedirs(disk)
-    why = fk.mount_small_disk(disk)
+    why = kk.mount_small_disk(disk)
     if why:
       raise _Skip(why)
     try:
-      return fk.checkpoint_disk_full(disk, async_save)
+      return kk.checkpoint_disk_full(disk, async_save)
     finally:
-      fk.unmount(disk)
+      kk.unmount(disk)
 
   out += [("checkpoint_disk_full", "sync", lambda: disk_full(False)),
           ("checkpoint_disk_full", "async", lambda: disk_full(True))]
@@ -73,14 +75,14 @@ def _scenarios(fk, env, docker: bool, tiny):
   def trainer():
     d = os.path.join(env.root, "trainer")
     os.makedirs(d)
-    return fk.trainer_kill(d)
+    return kk.trainer_kill(d)
 
   out.append(("trainer_kill", "sync", trainer))
 
   def pipeline():
     d = os.path.join(env.root, "pipeline")
     os.makedirs(d)
-    return fk.pipeline_kill(d)
+    return kk.pipeline_kill(d)
 
   out.append(("pipeline_kill", "local", pipeline))
   return out

@@ -52,10 +52,10 @@ prints one JSON line (no Tunix). Its FLOPs are the useful work of each setting
 and the weight gradients of what trains (LoRA merges its adapters into the kernels, so an
 adapted kernel's full weight gradient is computed, then projected onto A and B).
 
-  JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py --model=smollm2-135m-instruct
-  JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py              # both sides
-  JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py --group 4    # one group of 4
-  JAX_PLATFORMS=cpu python experiments/benchmarks/learner.py --skip_tunix # ours only
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.learner --model=smollm2-135m-instruct
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.learner              # both sides
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.learner --group 4    # one group of 4
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.learner --skip_tunix # ours only
 """
 
 import json
@@ -68,8 +68,10 @@ import tempfile
 from absl import app, flags
 
 from experiments.benchmarks import common
+from experiments.benchmarks.learner_flops import grouped_step_flops, step_flops, trainable_step_flops
 from experiments.benchmarks.learner_inputs import grpo_batch, grpo_config
 from experiments.benchmarks.learner_tunix.peak import matmul_peak
+from experiments.benchmarks.op_profile import op_breakdown, profile_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = common.REPO
@@ -119,29 +121,6 @@ flags.DEFINE_list("trainables", ["all", "top:4", "top:8", "lora"],
 flags.DEFINE_bool("child", False, "Internal: run our side in this process.")
 flags.DEFINE_bool("child_trainables", False, "Internal: run the --model comparison here.")
 FLAGS = flags.FLAGS
-
-
-def step_flops(shape: dict, batch: int, seq_len: int) -> float:
-  """Dense learner FLOPs of one step (see the module docstring)."""
-  d, f, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
-  h, hkv, dh, nl = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"], shape["num_layers"]
-  per_layer = d * h * dh + 2 * d * hkv * dh + h * dh * d + 3 * d * f
-  n = nl * per_layer + d * v * (1 if shape["tie_word_embeddings"] else 2)
-  tokens = batch * seq_len
-  return 6.0 * n * tokens + 12.0 * nl * h * dh * batch * seq_len ** 2
-
-
-def grouped_step_flops(shape: dict, rows: int, prefix_len: int, branch_len: int, branches: int) -> float:
-  """As ``step_flops`` for grouped rows: every slot of a row enters the matmuls; attention is
-  the prompt against itself plus each branch against the prompt and itself."""
-  d, f, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
-  h, hkv, dh, nl = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"], shape["num_layers"]
-  per_layer = d * h * dh + 2 * d * hkv * dh + h * dh * d + 3 * d * f
-  n = nl * per_layer + d * v * (1 if shape["tie_word_embeddings"] else 2)
-  p, l, k = prefix_len, branch_len, branches
-  tokens = rows * (p + k * l)
-  pairs = rows * (p * p + k * l * (p + l))
-  return 6.0 * n * tokens + 12.0 * nl * h * dh * pairs
 
 
 def run_ours(args) -> dict:
@@ -208,36 +187,6 @@ def load_model(name: str):
   from legorl_jax.models import pretrained
   path = pretrained.resolve_pretrained(name)
   return from_pretrained(str(path)), str(path)
-
-
-def trainable_step_flops(mcfg, plan, batch: int, seq_len: int, scored: int) -> dict:
-  """Useful FLOPs of one learner step under ``plan`` (dense matmuls; norms, softmax and the
-  optimizer are negligible): forward over every block and the lm head on the ``scored``
-  predictions; backward (activation gradients) through the blocks from the lowest trained
-  one up, and through the lm head; weight gradients of the trained kernels (``all``: every
-  block and the tied embedding as the lm head; ``top:K``: K blocks; LoRA: every adapted
-  kernel's merged weight gradient plus the low-rank projections onto A and B)."""
-  d, f, v = mcfg.hidden_size, mcfg.intermediate_size, mcfg.vocab_size
-  h, hkv, dh, nl = mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.num_layers
-  shapes = {"q": d * h * dh, "k": d * hkv * dh, "v": d * hkv * dh, "o": h * dh * d,
-            "gate": d * f, "up": d * f, "down": d * f}
-  per_layer = sum(shapes.values())
-  tokens = batch * seq_len
-  attn = 4.0 * batch * seq_len ** 2 * h * dh  # QK^T and PV, forward, per layer
-  head = 2.0 * d * v * scored
-  lo = plan.lowest_trained_layer([f"layers.{i}." for i in range(nl)])
-  n_bwd = nl - lo
-  fwd = nl * (2.0 * per_layer * tokens + attn) + head
-  bwd = n_bwd * (2.0 * per_layer * tokens + 2 * attn) + head
-  if plan.kind == "all":
-    wgrad = nl * 2.0 * per_layer * tokens + head  # the lm head's (tied: the embedding's)
-  elif plan.kind == "top":
-    wgrad = plan.spec.top_k * 2.0 * per_layer * tokens
-  else:
-    r = plan.spec.lora_rank
-    targeted = sum(shapes[t] for t in plan.spec.lora_targets)
-    wgrad = nl * (2.0 * targeted * tokens + 3 * 2.0 * targeted * r)  # dW, dA, dB, merge
-  return {"forward": fwd, "backward": bwd + wgrad, "total": fwd + bwd + wgrad}
 
 
 def run_trainables(args) -> dict:
@@ -313,57 +262,6 @@ def run_trainables(args) -> dict:
                                          for k, v in out.items()} if base else None),
           "utilisation_of_matmul_peak": {k: v["utilisation_of_matmul_peak"] for k, v in out.items()},
           "runs": out}
-
-
-def profile_steps(run, state, profile_dir: str, n: int):
-  """Runs ``n`` more steps under ``jax.profiler`` (for ``op_breakdown``); returns the state."""
-  import jax
-  jax.profiler.start_trace(profile_dir)
-  for _ in range(n):
-    state, _ = run(state)
-  jax.profiler.stop_trace()
-  return state
-
-
-def _op_category(name: str) -> str:
-  """Coarse class of an XLA:CPU thunk by its HLO name (fusion names carry their root ops)."""
-  base = name.split(".")[0]
-  if base.startswith(("ynn_fusion", "xnn_fusion", "onednn")) or base in ("dot", "dot_general",
-                                                                        "custom-call"):
-    return "matmul"
-  if "copy" in base or "transpose" in base:
-    return "layout copy (incl. fused elementwise)"
-  if base == "while":
-    return "loops (fused lm head, own time)"
-  return "elementwise / reductions / other"
-
-
-def op_breakdown(profile_dir: str, steps: int) -> dict | None:
-  """Per-step CPU time of the XLA thunks in a ``jax.profiler`` trace, by ``_op_category``.
-
-  Times are summed over the thunk events of all threads (each op is counted once, however
-  many threads it used: it is execution time of op tasks, not wall time). None if no trace.
-  """
-  import glob
-  import gzip
-  paths = sorted(glob.glob(os.path.join(profile_dir, "plugins", "profile", "*", "*.trace.json.gz")))
-  if not paths:
-    return None
-  with gzip.open(paths[-1]) as f:
-    events = json.load(f)["traceEvents"]
-  skip = ("ThunkExecutor", "$", "Slinky", "Pjit", "Common", "end:", "Handle", "Parse", "Allocate",
-          "Wait", "TfrtCpu", "PjRt")
-  totals, top = {}, {}
-  for e in events:
-    if e.get("ph") != "X" or e["name"].startswith(skip):
-      continue
-    cat = _op_category(e["name"])
-    totals[cat] = totals.get(cat, 0.0) + e["dur"] / 1e6 / steps
-    top[e["name"]] = top.get(e["name"], 0.0) + e["dur"] / 1e6 / steps
-  total = sum(totals.values())
-  return {"op_s_per_step": round(total, 4),
-          "fraction": {k: round(v / total, 4) for k, v in sorted(totals.items())},
-          "top_ops": {k: round(v, 4) for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:12]}}
 
 
 # ``trainer.cpu_library_fusion`` as an XLA_FLAGS entry, for the Tunix child.

@@ -7,8 +7,8 @@ is its own. Times are the median of
 before the next runs, as a training loop consumes its gradients. The child also reports
 XLA's compiled buffer sizes (``memory_analysis``). Prints one JSON line at the end.
 
-  JAX_PLATFORMS=cpu python experiments/benchmarks/loss.py             # full (minutes)
-  JAX_PLATFORMS=cpu python experiments/benchmarks/loss.py --quick     # small shapes
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.loss             # full (minutes)
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.loss --quick     # small shapes
 """
 
 import os

@@ -3,21 +3,21 @@ save left behind, earlier checkpoints restore exactly, and later saves work agai
 
 import pytest
 
-from tests.reliability import faultkit
+from tests.reliability import killkit
 
 
 @pytest.fixture
 def small_disk(tmp_path):
   disk = tmp_path / "disk"
   disk.mkdir()
-  why = faultkit.mount_small_disk(str(disk))
+  why = killkit.mount_small_disk(str(disk))
   if why:
     pytest.skip(f"cannot mount a small filesystem here (needs root): {why}")
   yield str(disk)
-  faultkit.unmount(str(disk))
+  killkit.unmount(str(disk))
 
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_disk_full_checkpoint(small_disk, async_save):
-  o = faultkit.checkpoint_disk_full(small_disk, async_save)
+  o = killkit.checkpoint_disk_full(small_disk, async_save)
   assert o.ok, f"{o.detail}; leftovers {o.leaked}"

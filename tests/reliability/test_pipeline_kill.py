@@ -11,12 +11,12 @@ from its checkpointed start and its trials are recorded with ``phase="rl"`` as u
 
 import pytest
 
-from tests.reliability import faultkit
+from tests.reliability import killkit
 
 
 @pytest.mark.slow
 def test_pipeline_killed_mid_step_resumes_to_the_uninterrupted_result(tmp_path):
-  o = faultkit.pipeline_kill(str(tmp_path), steps=2, kill_after=1)
+  o = killkit.pipeline_kill(str(tmp_path), steps=2, kill_after=1)
   assert o.ok, f"{o.detail}; left running: {o.leaked}"
   assert o.lost == 0
   assert len(o.final) == 2 * 8  # each step's 2 tasks x 4 samples, once
@@ -27,7 +27,7 @@ def test_moe_pipeline_killed_mid_step_resumes_to_the_uninterrupted_result(tmp_pa
   """The same with a mixture-of-experts policy (``demo_tiny_moe.py``: the engine records routes,
   the learner replays them): the resumed run's parameters, metrics and sampled tokens equal the
   uninterrupted run's."""
-  o = faultkit.pipeline_kill(str(tmp_path), steps=2, kill_after=1,
+  o = killkit.pipeline_kill(str(tmp_path), steps=2, kill_after=1,
                              config="experiments/configs/demo_tiny_moe.py")
   assert o.ok, f"{o.detail}; left running: {o.leaked}"
   assert o.lost == 0

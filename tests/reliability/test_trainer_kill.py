@@ -7,11 +7,11 @@ trainables, the frozen base rebuilt), and with the top block fed from the frozen
 
 import pytest
 
-from tests.reliability import faultkit
+from tests.reliability import killkit
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trainable", ["all", "top:1", "lora", "top:1+trunk_cache"])
 def test_random_kills_then_resume_match_uninterrupted(tmp_path, trainable):
-  o = faultkit.trainer_kill(str(tmp_path), seed=1234, trainable=trainable)
+  o = killkit.trainer_kill(str(tmp_path), seed=1234, trainable=trainable)
   assert o.ok, f"{o.detail}; left running: {o.leaked}"
