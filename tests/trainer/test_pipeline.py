@@ -79,6 +79,28 @@ def test_summary_and_accounting(run):
 
 
 @pytest.mark.slow
+def test_report_rebuilds_the_summary_figures_from_the_records(run):
+  """``experiments.report`` recomputes every held-out figure from ``trials.jsonl``; on a real
+  run they equal what the pipeline computed in-process and wrote to ``summary.json``."""
+  from legorl_jax.trainer import run_report
+  workdir, _ = run
+  summary = json.load(open(workdir / "summary.json"))
+  rows = run_report.evaluation_rows(run_report.evaluations(_lines(workdir / "trials.jsonl"), 2), 2)
+  got = {(r["set"], r["step"]): r for r in rows}
+  assert sorted(got) == [("main", 0), ("main", 1), ("templates", 0), ("templates", 1)]
+  for (name, step), r in got.items():
+    pre, when = ("val_" if name == "main" else f"val_{name}_"), ("before" if step == 0 else "after")
+    for figure in ("solve_rate", "solve_rate_se", "greedy_solve_rate", "pass@2", "n_tasks_mixed"):
+      assert r[figure] == pytest.approx(summary[f"{pre}{figure}_{when}_rl"]), (name, step, figure)
+    if step:
+      assert r["delta"] == pytest.approx(summary[f"{pre}solve_rate_delta_rl"])
+  assert run_report.step_rows(_lines(workdir / "metrics.jsonl"))[0]["step"] == 1
+  out = subprocess.run([sys.executable, "-m", "experiments.report", f"--workdir={workdir}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0 and "| templates | 1 |" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_resume_continues_from_the_checkpoint(run):
   workdir, _ = run
   r = _train(workdir, "--config.trainer.steps=2")
