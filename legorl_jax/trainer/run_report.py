@@ -120,16 +120,18 @@ def evaluations(trials: Sequence[dict], samples: int) -> dict[str, dict[int, dic
   return out
 
 
-def evaluation_rows(evals: dict[str, dict[int, dict]], samples: int) -> list[dict]:
+def evaluation_rows(evals: dict[str, dict[int, dict]], samples: int, main: str = "main"
+                    ) -> list[dict]:
   """One row per (set, evaluation): sampled solve rate and its SE, pass@SAMPLES, tasks mixed,
-  greedy solve rate, and the paired gain over the same set's step-0 evaluation."""
+  greedy solve rate, and the paired gain over the same set's step-0 evaluation. ``main``
+  names the main held-out set in the rows."""
   rows = []
   for name in sorted(evals, key=lambda n: (n != "", n)):
     by_step = evals[name]
     base = eval_stats.outcomes_by_task(by_step[0]["sampled"]) if 0 in by_step else None
     for step, ev in by_step.items():
       stats = eval_stats.solve_stats(ev["sampled"], k_values=sorted({1, samples}))
-      row = {"set": name or "main", "step": step, "n_trials": stats["n_trials"],
+      row = {"set": name or main, "step": step, "n_trials": stats["n_trials"],
              "solve_rate": stats["solve_rate"], "solve_rate_se": stats["solve_rate_se"],
              f"pass@{samples}": stats.get(f"pass@{samples}"),
              "n_tasks_mixed": stats["n_tasks_mixed"],
@@ -161,21 +163,23 @@ def evaluation_table(rows: Sequence[dict], samples: int) -> str:
   return "\n".join(lines)
 
 
-def eval_samples(workdir: str) -> int:
-  """``eval.samples`` from the run's ``config.json`` (1 when absent)."""
+def _config(workdir: str) -> dict:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
-    return 1
+    return {}
   with open(path) as f:
-    return int(json.load(f).get("eval", {}).get("samples", 1))
+    return json.load(f)
 
 
 def report(workdir: str) -> str:
-  """Both tables of the run in ``workdir``, as Markdown."""
-  samples = eval_samples(workdir)
+  """Both tables of the run in ``workdir``, as Markdown; ``eval.samples`` and the main set's
+  name (``tasks.held_out``) come from its ``config.json``."""
+  cfg = _config(workdir)
+  samples = int(cfg.get("eval", {}).get("samples", 1))
+  main = f"{cfg.get('tasks', {}).get('held_out') or 'main'} (main)"
   steps = step_rows(_jsonl(os.path.join(workdir, "metrics.jsonl")))
   evals = evaluations(_jsonl(os.path.join(workdir, "trials.jsonl")), samples)
   parts = [f"## RL steps ({len(steps)})", "", step_table(steps), "",
            "## Held-out evaluations (step 0: before RL; gains paired against it)", "",
-           evaluation_table(evaluation_rows(evals, samples), samples)]
+           evaluation_table(evaluation_rows(evals, samples, main), samples)]
   return "\n".join(parts) + "\n"

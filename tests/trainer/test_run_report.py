@@ -14,7 +14,8 @@ def _trial(phase, step, task, status, temperature=0.6):
 
 
 def _write(tmp_path, metrics, trials, samples=4):
-  (tmp_path / "config.json").write_text(json.dumps({"eval": {"samples": samples}}))
+  (tmp_path / "config.json").write_text(json.dumps({"eval": {"samples": samples},
+                                                     "tasks": {"held_out": "names_rl"}}))
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
   (tmp_path / "trials.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trials))
 
@@ -59,7 +60,7 @@ def test_evaluations_are_paired_against_before_and_a_redone_one_counts_once(tmp_
   assert tmpl["n_trials"] == 7 and tmpl["solve_rate"] == pytest.approx(3 / 7)
   table = run_report.report(str(tmp_path))
   # Sampled after: per-task rates 3/4 and 1/4, task-clustered SE = std([.75, .25]) / sqrt 2 = .25.
-  assert "| main | 20 | 8 | 50.0% (25.0) | +37.5 (12.5, z 3.00) | 50.0% | 100.0% | 2 |" in table
+  assert "| names_rl (main) | 20 | 8 | 50.0% (25.0) | +37.5 (12.5, z 3.00) | 50.0% | 100.0% | 2 |" in table
 
 
 def test_step_table_keeps_the_last_record_of_a_redone_step(tmp_path):
