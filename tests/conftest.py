@@ -1,5 +1,5 @@
-"""Test-wide setup: 8 host CPU devices for mesh tests, CPU platform, slow marker, and one XLA
-compilation cache for the whole session.
+"""Test-wide setup: 8 host CPU devices for mesh tests, CPU platform, fast (LLVM -O0) XLA
+compiles, slow marker, and one XLA compilation cache for the whole session.
 
 The cache: many tests compile the same programs (the tiny policy's train step, the engine's
 prefill and decode), in this process, in the xdist workers and in the training processes the
@@ -8,17 +8,43 @@ cache lets each program compile once per session. The directory is new for every
 controller makes it, workers and subprocesses inherit it through the environment) and is
 removed at the end, so no test ever reads an executable an earlier session compiled. Set
 ``JAX_COMPILATION_CACHE_DIR`` yourself to choose another (it is then kept).
+
+Where the suite's time goes: with ``LEGORL_TEST_RUSAGE=FILE`` set, every test appends one JSON
+line to FILE: its node id, outcome, worker, wall seconds (setup + call + teardown), and CPU
+seconds of the worker process and of the child processes it reaped meanwhile (a pipeline
+subprocess's line includes its own trial processes). CPU seconds do not stretch when the host
+is loaded, so they say what a test costs even on a busy machine; CPU well below wall means the
+test waits, and more workers would overlap it. ``compile_s`` is the wall time JAX spent
+tracing, lowering and compiling in the worker itself (subprocesses not included).
 """
 
+import json
 import os
+import resource
 import shutil
 import tempfile
+import time
+
+import pytest
 
 # Must happen before jax initialises its backends anywhere in the test session.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Most of the suite's CPU time is XLA compiling small programs, and most of a CPU compile is
+# LLVM optimising the generated loops. At LLVM -O0 the same tests take ~20-30% fewer CPU
+# seconds (test_train_step 87 -> 60, test_trunk_cache 71 -> 51). No fast-math is on at either
+# level; the generated code differs, so the last bits of a float result can (one logit of
+# 7,680 in test_expert_mesh moved by 1e-5, 4e-6 relative), within what float32 comparisons
+# allow. The heavy lifting (matmuls) runs in precompiled libraries, so the compiled code runs
+# about as fast (test_gguf's real-model forwards: 48 -> 46). Runs, demos and benchmarks keep
+# XLA's default. Set LEGORL_TEST_XLA_FLAGS="" to test at the default level; subprocesses take
+# the same flags (tests/xla_flags.py).
+os.environ.setdefault("LEGORL_TEST_XLA_FLAGS", "--xla_backend_optimization_level=0")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
-  os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+  _flags += " --xla_force_host_platform_device_count=8"
+if "xla_backend_optimization_level" not in _flags:
+  _flags += " " + os.environ["LEGORL_TEST_XLA_FLAGS"]
+os.environ["XLA_FLAGS"] = _flags.strip()
 _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ
 if _OWN_CACHE:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="legorl_jax_xla_cache_")
@@ -34,3 +60,51 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
   if _OWN_CACHE and not hasattr(config, "workerinput"):  # the controller, once workers are done
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+
+
+_COMPILE_S = [0.0]
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+
+
+def _on_duration(event, duration_secs, **kwargs):
+  del kwargs
+  if event in _COMPILE_EVENTS:
+    _COMPILE_S[0] += duration_secs
+
+
+def _cpu_s() -> tuple[float, float]:
+  own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+  return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+_OUTCOME: dict[str, str] = {}
+
+
+def pytest_runtest_logreport(report):
+  if report.failed:
+    _OUTCOME[report.nodeid] = "failed"
+  elif report.skipped:
+    _OUTCOME.setdefault(report.nodeid, "skipped")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  path = os.environ.get("LEGORL_TEST_RUSAGE")
+  if not path:
+    yield
+    return
+  if not _COMPILE_S[1:]:  # once per process, on first use (jax.monitoring starts no backend)
+    import jax.monitoring
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+    _COMPILE_S.append(True)
+  t0, (own0, kids0), c0 = time.perf_counter(), _cpu_s(), _COMPILE_S[0]
+  yield
+  own1, kids1 = _cpu_s()
+  line = {"test": item.nodeid, "outcome": _OUTCOME.pop(item.nodeid, "passed"),
+          "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+          "wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(own1 - own0, 3),
+          "children_cpu_s": round(kids1 - kids0, 3), "compile_s": round(_COMPILE_S[0] - c0, 3)}
+  with open(path, "a") as f:  # one short write per line: workers' lines do not interleave
+    f.write(json.dumps(line) + "\n")

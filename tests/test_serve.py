@@ -13,6 +13,8 @@ import urllib.request
 import aiohttp
 import pytest
 
+from tests.xla_flags import subprocess_xla_flags
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -21,7 +23,7 @@ def test_serve_tiny_on_tcp_and_unix_socket():
   with tempfile.TemporaryDirectory() as tmp:
     sock = f"{tmp}/policy.sock"
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
-               XLA_FLAGS="--xla_force_host_platform_device_count=1")
+               XLA_FLAGS=subprocess_xla_flags(1))
     proc = subprocess.Popen(
         [sys.executable, "-m", "legorl_jax.serve", "--model=tiny", "--port=0", f"--uds={sock}",
          "--max_batch=2", "--max_len=256", "--model_name=tiny-policy"],

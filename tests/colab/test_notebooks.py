@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+from tests.xla_flags import subprocess_xla_flags
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
@@ -89,7 +91,7 @@ def _inject(nb, params: dict, check: str, workdir: str):
 def test_runs_top_to_bottom_on_cpu(name, tmp_path, monkeypatch):
   # A Colab CPU runtime has one device; so does the kernel here (faster to compile, too).
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  monkeypatch.setenv("XLA_FLAGS", "")
+  monkeypatch.setenv("XLA_FLAGS", subprocess_xla_flags())
   monkeypatch.setenv("PYTHONPATH", ROOT)
   nb = _inject(load(name), SMALL[name]["params"], SMALL[name]["check"], str(tmp_path))
   client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",

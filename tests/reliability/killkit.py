@@ -19,6 +19,7 @@ from typing import Callable
 
 from legorl_jax.rewards import status as st
 from tests.reliability.faultkit import RUN_ENV, Outcome, _alive, _proc_bytes, leaks
+from tests.xla_flags import subprocess_xla_flags
 
 # -- checkpoints and the trainer -------------------------------------------------------------
 def mount_small_disk(path: str) -> str | None:
@@ -92,7 +93,7 @@ def checkpoint_disk_full(disk: str, async_save: bool) -> Outcome:
 
 
 def _learner_worker(root: str, workdir: str, out: str, total: int, trainable: str = "all"):
-  env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu", XLA_FLAGS=subprocess_xla_flags())
   return subprocess.Popen([sys.executable, "-m", "tests.trainer.resume_worker", workdir, str(total), out,
                            trainable],
                           cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -311,7 +312,7 @@ def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
   tmp = j("tmp")  # the sandboxes' base dir is $TMPDIR/legorl_sandboxes
   os.makedirs(tmp, exist_ok=True)
   marker = uuid.uuid4().hex
-  env = dict(os.environ, PYTHONPATH=_repo_root(), JAX_PLATFORMS="cpu", XLA_FLAGS="",
+  env = dict(os.environ, PYTHONPATH=_repo_root(), JAX_PLATFORMS="cpu", XLA_FLAGS=subprocess_xla_flags(),
              TMPDIR=tmp, **{RUN_ENV: marker})
   base_dir = os.path.join(tmp, "legorl_sandboxes")
   why, left, procs = [], [], []

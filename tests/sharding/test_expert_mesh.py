@@ -45,7 +45,9 @@ def test_expert_mesh_equals_one_device(axes):
   assert ids.sharding.spec[0] == ("data", "fsdp", "expert")
   logits, routes, grads = _run(model, ids)
   np.testing.assert_array_equal(routes, ref_routes)
-  np.testing.assert_allclose(logits, ref_logits, atol=1e-5)
+  # float32 sums in another order (the sharded reductions), compiled at the suite's LLVM level
+  # (tests/conftest.py): up to ~4e-6 relative on logits of magnitude ~3.
+  np.testing.assert_allclose(logits, ref_logits, atol=1e-5, rtol=1e-5)
   flat_ref = dict(nnx.to_flat_state(ref_grads))
   for p, g in nnx.to_flat_state(grads):
     np.testing.assert_allclose(np.asarray(g[...]), np.asarray(flat_ref[p][...]), atol=1e-5,

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from legorl_jax.sharding import distributed
+from tests.xla_flags import subprocess_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -21,7 +22,7 @@ def run(module: str, out_dir, *, timeout: float, devices_per_process: int = 4) -
   fails (with the log) if either exits non-zero."""
   port = free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
+             XLA_FLAGS=subprocess_xla_flags(devices_per_process))
   for k in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
     env.pop(k, None)
   procs = [subprocess.Popen([sys.executable, "-m", module, str(i), "2", str(port), str(out_dir)],

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from legorl_jax.utils import cpu_time
+from tests.xla_flags import subprocess_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["--config.sft.steps=3", "--config.sft.num_demos=4", "--config.sft.rows_per_batch=4",
@@ -22,7 +23,7 @@ SMALL = ["--config.sft.steps=3", "--config.sft.num_demos=4", "--config.sft.rows_
 
 
 def _train(workdir, *extra):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=subprocess_xla_flags())
   return subprocess.run([sys.executable, "-m", "experiments.train", f"--workdir={workdir}",
                          "--config=experiments/configs/demo_tiny.py", *SMALL, *extra],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from legorl_jax.proxy import route_codec
+from tests.xla_flags import subprocess_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARGS = ["--config=experiments/configs/demo_tiny_moe.py", "--config.sft.steps=2",
@@ -33,7 +34,7 @@ def _lines(path):
 
 @pytest.mark.slow
 def test_one_rl_step_of_a_moe_policy_replays_the_sampler_routes(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=subprocess_xla_flags())
   r = subprocess.run([sys.executable, "-m", "experiments.train", f"--workdir={tmp_path}", *ARGS],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
