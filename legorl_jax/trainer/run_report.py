@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import os
 from typing import Sequence
 
 from legorl_jax.trainer import eval_stats
+from legorl_jax.utils import safe_json
 
 # (column heading, metrics key, format) of the per-step table.
 STEP_COLUMNS = (
@@ -48,10 +48,13 @@ class _Outcome:
 
 
 def _jsonl(path: str) -> list[dict]:
+  """The records of a JSONL file (none if it is absent); a bad line raises InvalidJSONError
+  naming the file and line."""
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    return [safe_json.loads(line, what=f"{path} line {i}")
+            for i, line in enumerate(f, 1) if line.strip()]
 
 
 def step_rows(metrics: Sequence[dict]) -> list[dict]:
@@ -168,7 +171,7 @@ def _config(workdir: str) -> dict:
   if not os.path.exists(path):
     return {}
   with open(path) as f:
-    return json.load(f)
+    return safe_json.load(f, what=path)
 
 
 def report(workdir: str) -> str:
