@@ -53,6 +53,9 @@ if _OWN_CACHE:
 
 
 def pytest_configure(config):
+  if os.environ.get("LEGORL_TEST_RUSAGE"):  # jax.monitoring starts no backend
+    import jax.monitoring
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
   config.addinivalue_line("markers", "slow: slower test (CI runs it; skip locally with -m 'not slow')")
   config.addinivalue_line("markers", "docker: needs a running Docker engine")
 
@@ -62,7 +65,7 @@ def pytest_unconfigure(config):
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
-_COMPILE_S = [0.0]
+_COMPILE_S = {"total": 0.0}
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration",
                    "/jax/core/compile/backend_compile_duration")
@@ -71,7 +74,7 @@ _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
 def _on_duration(event, duration_secs, **kwargs):
   del kwargs
   if event in _COMPILE_EVENTS:
-    _COMPILE_S[0] += duration_secs
+    _COMPILE_S["total"] += duration_secs
 
 
 def _cpu_s() -> tuple[float, float]:
@@ -95,16 +98,13 @@ def pytest_runtest_protocol(item, nextitem):
   if not path:
     yield
     return
-  if not _COMPILE_S[1:]:  # once per process, on first use (jax.monitoring starts no backend)
-    import jax.monitoring
-    jax.monitoring.register_event_duration_secs_listener(_on_duration)
-    _COMPILE_S.append(True)
-  t0, (own0, kids0), c0 = time.perf_counter(), _cpu_s(), _COMPILE_S[0]
+  t0, (own0, kids0), c0 = time.perf_counter(), _cpu_s(), _COMPILE_S["total"]
   yield
   own1, kids1 = _cpu_s()
   line = {"test": item.nodeid, "outcome": _OUTCOME.pop(item.nodeid, "passed"),
           "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
           "wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(own1 - own0, 3),
-          "children_cpu_s": round(kids1 - kids0, 3), "compile_s": round(_COMPILE_S[0] - c0, 3)}
+          "children_cpu_s": round(kids1 - kids0, 3),
+          "compile_s": round(_COMPILE_S["total"] - c0, 3)}
   with open(path, "a") as f:  # one short write per line: workers' lines do not interleave
     f.write(json.dumps(line) + "\n")
