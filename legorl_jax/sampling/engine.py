@@ -191,7 +191,10 @@ class Engine:
   def stats(self) -> dict:
     """Counters: requests, failed, prefill_tokens (prompt tokens prefilled), reused_tokens
     (prompt tokens served from the prefix cache), decoded_tokens, prefill_calls, decode_calls,
-    decode_row_steps (rows x steps the decode calls ran, live or not), row_moves (rows
+    decode_row_steps (rows x steps the decode calls ran, live or not), live_row_steps (of those,
+    rows holding a request), prefill_s and decode_s (device-thread seconds in prefill calls, and
+    in decode chunks with their row compaction: with the wall time, how busy the engine was
+    and what stalled decoding), row_moves (rows
     compacted towards the front), cancelled (requests whose future was cancelled, dropped at
     the next chunk), prefix_copies (prefixes copied between rows: from the store, another
     row, or into the store), prefix_store_rows, prefix_store_hits, prefix_store_evictions,
@@ -201,8 +204,10 @@ class Engine:
     sched = self._scheduler
     out = {k: sched.stats[k] for k in ("requests", "failed", "prefill_tokens", "reused_tokens",
                                        "decoded_tokens", "prefill_calls", "decode_calls",
-                                       "decode_row_steps", "row_moves", "cancelled",
-                                       "prefix_copies")}
+                                       "decode_row_steps", "live_row_steps", "row_moves",
+                                       "cancelled", "prefix_copies")}
+    out["prefill_s"] = float(sched.stats["prefill_s"])
+    out["decode_s"] = float(sched.stats["decode_s"])
     out["prefix_store_rows"] = sched.store.num_rows
     out["prefix_store_hits"] = sched.store.hits
     out["prefix_store_evictions"] = sched.store.evictions

@@ -162,13 +162,17 @@ class Scheduler:
       for _ in range(lay.max_batch):
         if not any(r.next_prefill < r.prefill_end for r in self.live.values()):
           break
+        t0 = time.perf_counter()
         self._run_prefill()
+        self.stats["prefill_s"] += time.perf_counter() - t0
       if (last_admit is None or not lay.join_window_s
           or not self._wait_for_arrival(last_admit + lay.join_window_s)):
         break
     if any(r.next_prefill >= r.prefill_end for r in self.live.values()):
+      t0 = time.perf_counter()
       self._compact()
       self._run_decode()
+      self.stats["decode_s"] += time.perf_counter() - t0
 
   def _wait_for_arrival(self, deadline: float) -> bool:
     """True if a request submitted by ``deadline`` is queued while a row is free (waiting until
@@ -343,6 +347,7 @@ class Scheduler:
     new_rows, out_ids, out_logp = jax.device_get((new_rows, out_ids, out_logp))
     self.stats["decode_calls"] += 1
     self.stats["decode_row_steps"] += num_rows * k
+    self.stats["live_row_steps"] += len(ready) * k
     for name in ("tokens", "positions", "remaining"):
       getattr(self.rows, name)[:num_rows] = getattr(new_rows, name)
     for req in ready:

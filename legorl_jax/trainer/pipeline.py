@@ -45,6 +45,7 @@ from legorl_jax.trainer.checkpoint import Checkpointer
 from legorl_jax.trainer.learner import Learner
 from legorl_jax.trainer.policy_service import PolicyService
 from legorl_jax.trainer.run_state import RunState
+from legorl_jax.trainer.step_profile import StepProfile
 from legorl_jax.utils import cpu_time, paths
 
 log = logging.getLogger(__name__)
@@ -414,10 +415,13 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
   rl_s_before = run_state.phase_s.get("rl", 0.0)  # earlier processes' RL seconds (a resumed run)
   busy = 0.0
   rl_progress = PhaseProgress("rl", steps, unit="steps", done=run_state.rl_step)
+  profile = StepProfile(service.engine.stats)  # cores busy and who used them, per step
+  profile.start()
   try:
     while run_state.rl_step < steps:
       step = run_state.rl_step + 1
       got = producer.get() if producer else source.collect()
+      profile.rollout_done()
       local, wall, position_after = got.results, got.wall_s, got.position
       results = multihost.gather_results(local)  # every host's records (this host's trajectories)
       wall = max(multihost.gather_objects(wall))
@@ -434,7 +438,9 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
       version = service.update_params(multihost.local_params(learner.sync_params()))
       busy += time.perf_counter() - t1
       kl = probe.measure(learner) if learner.mesh is None else {}
-      metrics = {**rl_loop.rollout_metrics(results, wall), **bm, **lm, **got.metrics, **kl,
+      prof = profile.update_done()
+      log.info("RL step %d: %s", step, StepProfile.summary(prof))
+      metrics = {**rl_loop.rollout_metrics(results, wall), **bm, **lm, **got.metrics, **kl, **prof,
                  "params_version": version,
                  "learner_utilisation": busy / max(time.perf_counter() - t0, 1e-9)}
       writer.write(step, metrics, phase="train")
@@ -451,6 +457,7 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
                       distributed.host_local_dir(workdir, f"eval/step_{step}"), trials_path=trials_path,
                       step=step, phase="eval")
         writer.write(step, scalars(ev), phase="eval")
+      profile.start()
   finally:
     if producer is not None:
       producer.close()

@@ -5,6 +5,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+import time
 
 import jax
 import numpy as np
@@ -310,10 +311,29 @@ def test_stragglers_in_high_rows_are_compacted_and_sample_the_same(model):
   assert again.reused_prefix_len == 6 - 1
   # Without compaction the three 8-step chunks after the short ones finish would run 4 rows.
   assert stats["decode_row_steps"] < 4 * stats["decode_calls"] * kw["decode_chunk"]
+  # Compaction kept every row a decode call ran busy.
+  assert stats["live_row_steps"] == stats["decode_row_steps"]
   with Engine(model, seed=1, **kw) as solo:
     want = solo.generate(_prompt(9, seed=80), long_params)
   assert got.token_ids == want.token_ids
   np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
+def test_stats_count_live_rows_apart_from_the_rows_decoded_and_time_the_device_calls(model):
+  """Three requests in an engine whose decode calls always run 4 rows: at most 3 of every 4
+  row-steps hold a request, at least one per decoded token; prefill and decode seconds are
+  counted and fit in the wall time."""
+  t0 = time.perf_counter()
+  with Engine(model, seed=1, **ENGINE_KW) as eng:
+    futures = [eng.submit(_prompt(8, seed=90 + i), SamplingParams(max_tokens=20, seed=i))
+               for i in range(3)]
+    for f in futures:
+      f.result(timeout=300)
+    stats = eng.stats()
+  wall = time.perf_counter() - t0
+  assert stats["decoded_tokens"] <= stats["live_row_steps"] <= 0.75 * stats["decode_row_steps"]
+  assert stats["prefill_s"] > 0 and stats["decode_s"] > 0
+  assert stats["prefill_s"] + stats["decode_s"] <= wall
 
 
 def test_cancelled_request_frees_its_row_and_is_not_a_failure(model):

@@ -75,6 +75,14 @@ def test_summary_and_accounting(run):
   metrics = _lines(workdir / "metrics.jsonl")
   train = [m for m in metrics if m["phase"] == "train"]
   assert len(train) == 1 and "trials_per_hour" in train[0] and "params_version" in train[0]
+  # The step's profile (trainer.step_profile): cores busy per part, the engine's busy share, and
+  # the rollout's CPU by who used it: the engine's device thread and the trials' processes ran.
+  m = train[0]
+  for part in ("rollout", "update", "step"):
+    assert 0 < m[f"cores_busy_{part}"] <= cpu_time.usable_cores() * 1.05, part
+  assert 0 < m["engine_busy_frac"] <= 1.0 and 0 < m["engine_live_row_frac"] <= 1.0
+  assert m["rollout_cpu/legorl-sampler"] > 0 and m["rollout_cpu/children"] > 0
+  assert m["engine_prefill_s"] + m["engine_decode_s"] <= m["rollout_wall_s"] * 1.01
   assert os.path.exists(workdir / "curves.svg")
   assert "held-out solve rate" in r.stdout
 
