@@ -8,10 +8,18 @@ each; neither side stops early: no stop ids, no eos). Both sides get a warm-up r
 engine compiles its bucket shapes before timing. Prints one JSON line with tokens/s and the
 ratio per batch size, and how often both picked the same greedy token.
 
+With ``--matmul_peak_n`` (default 2048) it also measures this host's fp32 matmul peak in the same
+process and gives, per batch size, the engine's decode-only tokens/s (decoded tokens over the
+device thread's seconds in decode calls, from the engine's counters) and the share of the peak
+that decoding reached (dense-matmul FLOPs per decoded token: every kernel and the lm head,
+plus attention over the context).
+
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --batches 1,16 --new_tokens 128
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --repeats 3 --join_window_s 0
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --model=smollm2-135m-instruct
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --model=smollm2-135m-instruct \
+      --batches 1,16,32 --repeats 3 --torch_threads 2
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import time
 from absl import app, flags
 
 from experiments.benchmarks import common
+from experiments.benchmarks.learner_tunix.peak import matmul_peak
 
 common.setup_platform()  # before jax is imported
 
@@ -41,6 +50,7 @@ flags.DEFINE_integer("new_tokens", 128, "Greedy tokens per request.")
 flags.DEFINE_integer("decode_chunk", 16, "Engine decode steps per call.")
 flags.DEFINE_integer("repeats", 1, "Alternating timed runs per side (each keeps its best).")
 flags.DEFINE_integer("torch_threads", 0, "0: PyTorch's default.")
+flags.DEFINE_integer("matmul_peak_n", 2048, "Side of the matmul-peak measurement; 0: none.")
 flags.DEFINE_float("join_window_s", None,
                    "Engine(join_window_s=...); default: the engine's; 0: no join window.")
 FLAGS = flags.FLAGS
@@ -71,6 +81,18 @@ def _hf_run(hf_model, prompts, new_tokens: int) -> tuple[float, np.ndarray]:
                             max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                             pad_token_id=0)
   return time.perf_counter() - t0, out[:, ids.shape[1]:].numpy()
+
+
+def decode_token_flops(mcfg, context: float) -> float | None:
+  """Dense-matmul FLOPs of decoding one token at ``context`` tokens of attention: q/k/v/o and
+  the MLP of every block, the lm head, and QK^T + PV. None for a MoE policy (its active
+  experts vary)."""
+  if any(mcfg.is_moe_layer(i) for i in range(mcfg.num_layers)):
+    return None
+  d, f, v = mcfg.hidden_size, mcfg.intermediate_size, mcfg.vocab_size
+  h, hkv, dh, nl = mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.num_layers
+  per_layer = d * h * dh + 2 * d * hkv * dh + h * dh * d + 3 * d * f
+  return 2.0 * (nl * per_layer + d * v) + 4.0 * nl * h * dh * context
 
 
 def _load(name: str, seed: int = 0):
@@ -113,6 +135,11 @@ def main(argv):
                 new_tokens=args.new_tokens, decode_chunk=args.decode_chunk,
                 torch_threads=torch.get_num_threads(), backend=jax.default_backend(),
                 join_window_s=engine.join_window_s)
+  peak = matmul_peak(args.matmul_peak_n, 5)[0] if args.matmul_peak_n else None
+  if peak:
+    result["matmul_peak_gflops"] = round(peak / 1e9, 2)
+  # Decoding attends to the prompt plus half the new tokens, on average.
+  flops_tok = decode_token_flops(model.config, args.prompt_len + args.new_tokens / 2)
   agree = []
   engine.warmup()  # compiles every bucket shape up front
   reused = 0
@@ -123,12 +150,15 @@ def main(argv):
       warm = fresh()
       _engine_run(engine, warm, 8)  # warm-up runs
       _hf_run(hf_model, warm, 8)
-      runs, hf_runs = [], []
+      runs, hf_runs, decode_rates = [], [], []
       for _ in range(args.repeats):  # alternate, so that other load hits both sides alike
         prompts = fresh()
-        before = engine.stats()["reused_tokens"]
+        before = engine.stats()
         ours, outs = _engine_run(engine, prompts, args.new_tokens)
-        reused += engine.stats()["reused_tokens"] - before
+        after = engine.stats()
+        reused += after["reused_tokens"] - before["reused_tokens"]
+        decode_rates.append((after["decoded_tokens"] - before["decoded_tokens"])
+                            / max(after["decode_s"] - before["decode_s"], 1e-9))
         theirs, ref = _hf_run(hf_model, prompts, args.new_tokens)
         runs.append(ours)
         hf_runs.append(theirs)
@@ -138,6 +168,9 @@ def main(argv):
       result[f"b{b}_tok_s"] = round(n / ours, 1)
       result[f"b{b}_hf_tok_s"] = round(n / theirs, 1)
       result[f"b{b}_speedup"] = round(theirs / ours, 2)
+      result[f"b{b}_decode_tok_s"] = round(max(decode_rates), 1)
+      if peak and flops_tok:
+        result[f"b{b}_decode_frac_of_matmul_peak"] = round(max(decode_rates) * flops_tok / peak, 4)
   result["greedy_token_agreement"] = round(min(agree), 4)
   result["compilations"] = engine.stats()["compilations"]
   result["reused_prompt_tokens_timed"] = reused  # 0: every timed prompt was prefilled in full
