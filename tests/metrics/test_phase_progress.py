@@ -28,6 +28,21 @@ def test_banner_lines_eta_and_finish():
                    "== sft done: 4/4 steps in 2:00; final nll 1.0 =="]
 
 
+def test_the_eta_leaves_the_first_items_one_off_costs_out():
+  """A first SFT step that compiles and fills the trunk cache (120 s) before 30 s steps: from the
+  second step on the ETA is the steady steps' rate."""
+  lines, clock = [], _Clock()
+  p = PhaseProgress("sft", 10, emit=lines.append, clock=clock)
+  clock.t += 120
+  p.step()
+  for _ in range(2):
+    clock.t += 30
+    p.step()
+  assert lines[1:] == ["[sft 1/10  10% | 2:00, ETA 18:00]",
+                       "[sft 2/10  20% | 2:30, ETA 4:00]",
+                       "[sft 3/10  30% | 3:00, ETA 3:30]"]
+
+
 def test_a_resumed_phase_estimates_from_the_items_done_since():
   lines, clock = [], _Clock()
   p = PhaseProgress("rl", 10, done=6, emit=lines.append, clock=clock)
