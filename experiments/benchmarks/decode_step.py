@@ -13,6 +13,8 @@ the vocabulary run even when every row is greedy). Prints one JSON line.
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 1 --windows 256,1024,2048,4096
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 16 --windows 512 --baseline_head
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 16 --windows 128,256 --baseline_sampling
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --preset smollm2-135m --rows 32 \
+      --windows 256,512,1024 --temperature 0.6
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from absl import app, flags
 
 from experiments.benchmarks import common
+from experiments.benchmarks import op_profile
 
 common.setup_platform()  # before jax is imported
 
@@ -40,7 +43,11 @@ flags.DEFINE_string("preset", "small", "Model preset (random weights).")
 flags.DEFINE_integer("rows", 1, "Rows decoded per step.")
 flags.DEFINE_list("windows", ["256", "1024", "2048", "4096"], "Attention windows to time.")
 flags.DEFINE_integer("decode_chunk", 16, "Decode steps per call.")
+flags.DEFINE_float("temperature", 0.0, "Every row's sampling temperature (0: greedy; the RL "
+                   "demo samples at 0.6, which draws from the full vocabulary).")
 flags.DEFINE_integer("repeats", 10, "Timed calls per window and variant.")
+flags.DEFINE_string("profile_dir", None, "Also run each window's current decode under "
+                    "jax.profiler here and report where a step's op time goes (op_profile).")
 flags.DEFINE_bool("baseline_head", False, "Also time the tied head through embed.T.")
 flags.DEFINE_bool("baseline_sampling", False, "Also time the previous token sampler.")
 FLAGS = flags.FLAGS
@@ -71,11 +78,11 @@ def previous_sample_tokens(logits, keys, temperature, top_p, top_k):
   return ids, logp
 
 
-def decode_rows(n: int, position: int) -> steps.DecodeRows:
-  """n greedy rows at one position with budget to spare."""
+def decode_rows(n: int, position: int, temperature: float = 0.0) -> steps.DecodeRows:
+  """n rows at one position with budget to spare, greedy or sampled at ``temperature``."""
   return steps.DecodeRows(
       tokens=jnp.full((n,), 5, jnp.int32), positions=jnp.full((n,), position, jnp.int32),
-      remaining=jnp.full((n,), 1 << 20, jnp.int32), temperature=jnp.zeros((n,), jnp.float32),
+      remaining=jnp.full((n,), 1 << 20, jnp.int32), temperature=jnp.full((n,), temperature, jnp.float32),
       top_p=jnp.ones((n,), jnp.float32), top_k=jnp.zeros((n,), jnp.int32),
       seeds=jnp.arange(n, dtype=jnp.uint32), stop_ids=jnp.full((n, 4), -1, jnp.int32))
 
@@ -116,15 +123,15 @@ def main(argv):
     for name, (head, sampler) in variants.items():
       fn = compiled_decode(head, sampler)
       cache = Cache.zeros(cfg, n, window)
-      cache, *_ = fn(graphdef, state, cache, decode_rows(n, position), num_rows=n,
-                     attn_len=window, num_steps=k)
+      cache, *_ = fn(graphdef, state, cache, decode_rows(n, position, args.temperature),
+                     num_rows=n, attn_len=window, num_steps=k)
       runs[name] = [fn, cache, []]
     for _ in range(args.repeats):  # variants alternate, so load from elsewhere hits both alike
       for run in runs.values():
         fn, cache, times = run
         t0 = time.perf_counter()
-        cache, _, ids, _ = fn(graphdef, state, cache, decode_rows(n, position), num_rows=n,
-                              attn_len=window, num_steps=k)
+        cache, _, ids, _ = fn(graphdef, state, cache, decode_rows(n, position, args.temperature),
+                              num_rows=n, attn_len=window, num_steps=k)
         jax.block_until_ready(ids)
         times.append(time.perf_counter() - t0)
         run[1] = cache
@@ -141,9 +148,20 @@ def main(argv):
     if args.baseline_sampling:
       row["speedup_vs_previous_sampling"] = round(
           row["previous_sampling_ms_per_step"] / row["current_ms_per_step"], 3)
+    if args.profile_dir:
+      fn, cache, _ = runs["current"]
+      where = f"{args.profile_dir}/window_{window}"
+      jax.profiler.start_trace(where)
+      for _ in range(3):
+        cache, _, ids, _ = fn(graphdef, state, cache, decode_rows(n, position, args.temperature),
+                              num_rows=n, attn_len=window, num_steps=k)
+        jax.block_until_ready(ids)
+      jax.profiler.stop_trace()
+      runs["current"][1] = cache
+      row["op_profile"] = op_profile.op_breakdown(where, 3 * k)
     rows_out.append(row)
   common.emit(dict(benchmark="decode_step", preset=args.preset, rows=n,
-                   decode_chunk=k, backend=jax.default_backend(), windows=rows_out))
+                   decode_chunk=k, temperature=args.temperature, backend=jax.default_backend(), windows=rows_out))
 
 
 if __name__ == "__main__":
