@@ -11,8 +11,10 @@ about three times the all-parameter speed on CPU.
 
 Phases: scripted demonstrations through the built-in harness on hinted training tasks; SFT (the
 untuned model writes prose and calls no tools); a held-out evaluation; GRPO in the same harness;
-the same evaluation again. ~39 minutes on 2 CPU cores, and RL does not yet raise the held-out
-solve rate (issue 22; BENCHMARKS.md, "The SmolLM2 demo", has every run). Two held-out sets:
+the same evaluation again. ~36 minutes on 2 CPU cores (run 5: 11 of them SFT, 11 the two
+evaluations, 14 RL), and RL does not yet raise the held-out solve rate (issue 22;
+BENCHMARKS.md, "The SmolLM2 demo", has every run). ``metrics.jsonl`` profiles every RL step
+(cores busy, the engine's busy share, CPU seconds by thread: ``trainer.step_profile``). Two held-out sets:
 repositories under names no training task uses (``tasks.held_out = "names"``, the main figures)
 and templates no training task uses (``tasks.also_held_out``). Every GRPO group's prompt is
 prefilled once (the engine's prefix cache). ``summary.json`` gives the solve rates and
