@@ -119,22 +119,22 @@ def main(argv):
   rows_out = []
   for window in (int(w) for w in args.windows):
     position = window - k - 1  # the last position the window holds after k steps
+
+    def call(run, window=window, position=position):
+      """One decode call of ``run`` = [fn, cache, times], its cache carried over; waits for it."""
+      run[1], _, ids, _ = run[0](graphdef, state, run[1], decode_rows(n, position, args.temperature),
+                                 num_rows=n, attn_len=window, num_steps=k)
+      jax.block_until_ready(ids)
+
     runs = {}
     for name, (head, sampler) in variants.items():
-      fn = compiled_decode(head, sampler)
-      cache = Cache.zeros(cfg, n, window)
-      cache, *_ = fn(graphdef, state, cache, decode_rows(n, position, args.temperature),
-                     num_rows=n, attn_len=window, num_steps=k)
-      runs[name] = [fn, cache, []]
+      runs[name] = [compiled_decode(head, sampler), Cache.zeros(cfg, n, window), []]
+      call(runs[name])  # compiles
     for _ in range(args.repeats):  # variants alternate, so load from elsewhere hits both alike
       for run in runs.values():
-        fn, cache, times = run
         t0 = time.perf_counter()
-        cache, _, ids, _ = fn(graphdef, state, cache, decode_rows(n, position, args.temperature),
-                              num_rows=n, attn_len=window, num_steps=k)
-        jax.block_until_ready(ids)
-        times.append(time.perf_counter() - t0)
-        run[1] = cache
+        call(run)
+        run[2].append(time.perf_counter() - t0)
     kv_bytes = 2 * cfg.num_layers * n * cfg.num_kv_heads * cfg.head_dim * (SCRATCH + window) * 4
     row = dict(window=window, weight_mb=round(weight_bytes / 1e6, 1),
                kv_window_mb=round(kv_bytes / 1e6, 1))
@@ -149,19 +149,15 @@ def main(argv):
       row["speedup_vs_previous_sampling"] = round(
           row["previous_sampling_ms_per_step"] / row["current_ms_per_step"], 3)
     if args.profile_dir:
-      fn, cache, _ = runs["current"]
       where = f"{args.profile_dir}/window_{window}"
       jax.profiler.start_trace(where)
       for _ in range(3):
-        cache, _, ids, _ = fn(graphdef, state, cache, decode_rows(n, position, args.temperature),
-                              num_rows=n, attn_len=window, num_steps=k)
-        jax.block_until_ready(ids)
+        call(runs["current"])
       jax.profiler.stop_trace()
-      runs["current"][1] = cache
       row["op_profile"] = op_profile.op_breakdown(where, 3 * k)
     rows_out.append(row)
-  common.emit(dict(benchmark="decode_step", preset=args.preset, rows=n,
-                   decode_chunk=k, temperature=args.temperature, backend=jax.default_backend(), windows=rows_out))
+  common.emit(dict(benchmark="decode_step", preset=args.preset, rows=n, decode_chunk=k,
+                   temperature=args.temperature, backend=jax.default_backend(), windows=rows_out))
 
 
 if __name__ == "__main__":

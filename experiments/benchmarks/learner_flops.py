@@ -3,11 +3,16 @@ fraction-of-peak figures: a plain row, grouped rows (one prompt, several branche
 ``trainer.trainable`` plan (only the trained part's weight gradients count)."""
 
 
+def block_matmul_weights(d: int, f: int, h: int, hkv: int, dh: int) -> int:
+  """Weights of one dense block's matmuls: q, k, v, o and the SwiGLU MLP's three."""
+  return d * h * dh + 2 * d * hkv * dh + h * dh * d + 3 * d * f
+
+
 def step_flops(shape: dict, batch: int, seq_len: int) -> float:
   """Dense learner FLOPs of one step (see the module docstring)."""
   d, f, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
   h, hkv, dh, nl = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"], shape["num_layers"]
-  per_layer = d * h * dh + 2 * d * hkv * dh + h * dh * d + 3 * d * f
+  per_layer = block_matmul_weights(d, f, h, hkv, dh)
   n = nl * per_layer + d * v * (1 if shape["tie_word_embeddings"] else 2)
   tokens = batch * seq_len
   return 6.0 * n * tokens + 12.0 * nl * h * dh * batch * seq_len ** 2
@@ -18,7 +23,7 @@ def grouped_step_flops(shape: dict, rows: int, prefix_len: int, branch_len: int,
   the prompt against itself plus each branch against the prompt and itself."""
   d, f, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
   h, hkv, dh, nl = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"], shape["num_layers"]
-  per_layer = d * h * dh + 2 * d * hkv * dh + h * dh * d + 3 * d * f
+  per_layer = block_matmul_weights(d, f, h, hkv, dh)
   n = nl * per_layer + d * v * (1 if shape["tie_word_embeddings"] else 2)
   p, l, k = prefix_len, branch_len, branches
   tokens = rows * (p + k * l)

@@ -31,6 +31,7 @@ import time
 from absl import app, flags
 
 from experiments.benchmarks import common
+from experiments.benchmarks.learner_flops import block_matmul_weights
 from experiments.benchmarks.learner_tunix.peak import matmul_peak
 
 common.setup_platform()  # before jax is imported
@@ -91,8 +92,7 @@ def decode_token_flops(mcfg, context: float) -> float | None:
     return None
   d, f, v = mcfg.hidden_size, mcfg.intermediate_size, mcfg.vocab_size
   h, hkv, dh, nl = mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.num_layers
-  per_layer = d * h * dh + 2 * d * hkv * dh + h * dh * d + 3 * d * f
-  return 2.0 * (nl * per_layer + d * v) + 4.0 * nl * h * dh * context
+  return 2.0 * (nl * block_matmul_weights(d, f, h, hkv, dh) + d * v) + 4.0 * nl * h * dh * context
 
 
 def _load(name: str, seed: int = 0):

@@ -49,12 +49,13 @@ class PhaseProgress:
 
   def status(self) -> str:
     """``name n/N pct | elapsed, ETA t`` for the items done so far."""
-    elapsed = self._clock() - self._t0
+    now = self._clock()
+    elapsed = now - self._t0
     pct = 100.0 * self.done / self.total if self.total else 100.0
     out = f"{self.name} {self.done}/{self.total} {pct:3.0f}% | {_clock_text(elapsed)}"
     if self.done > self._n0 and self.done < self.total:
       t, n = (self._t0, self._n0) if self._mark is None or self.done <= self._mark[1] else self._mark
-      eta = (self._clock() - t) / (self.done - n) * (self.total - self.done)
+      eta = (now - t) / (self.done - n) * (self.total - self.done)
       out += f", ETA {_clock_text(eta)}"
     return out
 

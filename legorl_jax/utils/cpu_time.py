@@ -11,12 +11,17 @@ import os
 import resource
 
 
-def process_tree_cpu_s() -> float:
-  """User + system CPU seconds of this process and of every child it has waited for (a trial's
+def own_and_children_cpu_s() -> tuple[float, float]:
+  """User + system CPU seconds of this process, and of every child it has waited for (a trial's
   harness, sandbox and verifier processes count once they have exited and been reaped)."""
   own = resource.getrusage(resource.RUSAGE_SELF)
   kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-  return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+  return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+def process_tree_cpu_s() -> float:
+  """``own_and_children_cpu_s`` summed: this process and its reaped children."""
+  return sum(own_and_children_cpu_s())
 
 
 def usable_cores() -> int:

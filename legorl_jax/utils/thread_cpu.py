@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import resource
 import threading
 import time
+
+from legorl_jax.utils import cpu_time
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 _NUMBERS = re.compile(r"[-_ ]?\d+")
@@ -90,10 +91,8 @@ class CpuSnapshot:
       s = _thread_cpu_s(tid)
       if s is not None:
         threads[tid] = (thread_class(names.get(tid) or _os_name(tid)), s)
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return cls(threads, own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime,
-               _machine_busy_s(), time.perf_counter())
+    own, kids = cpu_time.own_and_children_cpu_s()
+    return cls(threads, own, kids, _machine_busy_s(), time.perf_counter())
 
 
 def breakdown(a: CpuSnapshot, b: CpuSnapshot) -> dict[str, float]:
