@@ -292,12 +292,15 @@ def _wait_for(proc, cond: Callable[[], bool], what: str, timeout_s: float, lines
 
 
 def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
-                  timeout_s: float = 600.0, config: str | None = None) -> Outcome:
+                  timeout_s: float = 600.0, config: str | None = None,
+                  xla_default_compile: bool = True) -> Outcome:
   """``python -m experiments.train`` run uninterrupted, and run again SIGKILLed (its whole
   process group) once the checkpoint of step ``kill_after`` is committed and the trials of
   step ``kill_after + 1`` are running (the first of them has finished), then rerun with the
   same workdir to the end. ``config``: the config file both runs start from (default
   demo_tiny's; ``experiments/configs/demo_tiny_moe.py`` for a mixture-of-experts policy).
+  ``xla_default_compile``: the runs compile at XLA's default level, as real runs do (and
+  cheaper here: ``tests/xla_flags.py``); False: at the session's test flags.
 
   Expected: the killed run's latest checkpoint is ``kill_after``; the resumed run's final
   parameters and optimizer state equal the uninterrupted run's bit for bit; so do the
@@ -312,8 +315,8 @@ def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
   tmp = j("tmp")  # the sandboxes' base dir is $TMPDIR/legorl_sandboxes
   os.makedirs(tmp, exist_ok=True)
   marker = uuid.uuid4().hex
-  env = dict(os.environ, PYTHONPATH=_repo_root(), JAX_PLATFORMS="cpu", XLA_FLAGS=subprocess_xla_flags(),
-             TMPDIR=tmp, **{RUN_ENV: marker})
+  env = dict(os.environ, PYTHONPATH=_repo_root(), JAX_PLATFORMS="cpu",
+             XLA_FLAGS=subprocess_xla_flags(runs_steps=xla_default_compile), TMPDIR=tmp, **{RUN_ENV: marker})
   base_dir = os.path.join(tmp, "legorl_sandboxes")
   why, left, procs = [], [], []
 
