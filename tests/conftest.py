@@ -77,6 +77,27 @@ def _on_duration(event, duration_secs, **kwargs):
     _COMPILE_S["total"] += duration_secs
 
 
+# The longest test files, longest first (wall seconds in a three-worker run, 2026-12-04: the MoE
+# and dense pipeline kill tests 157 and 121, one file then; then 164, 105, 105, 102, 102, 98,
+# 96, 87, 84, 81). xdist hands whole files to the workers in collection order, so a long file
+# collected late (``reliability/`` sorts after most) starts when the other workers are nearly
+# done and the suite waits on it alone; started first, the short files fill in around it.
+# Order only: every test still runs, in its file's own order.
+_LONGEST_FIRST = (
+    "tests/reliability/test_pipeline_kill_moe.py", "tests/reliability/test_pipeline_kill.py",
+    "tests/trainer/test_pipeline.py", "tests/harnesses/test_claude_code.py",
+    "tests/colab/test_notebooks.py", "tests/sharding/test_multihost_rl.py",
+    "tests/trainer/test_multihost.py", "tests/trainer/test_trunk_cache.py",
+    "tests/sampling/test_engine_routes.py", "tests/models/test_gguf.py",
+    "tests/reliability/test_trainer_kill.py", "tests/trainer/test_train_step.py")
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  rank = {f: i for i, f in enumerate(_LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable
+
+
 def _cpu_s() -> tuple[float, float]:
   own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
   return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime

@@ -262,7 +262,8 @@ def _teacher_forced_logits(model, token_ids):
     if start + _CHUNK > cache.max_len:  # grow the slots: a chunk attends to no more than it needs
       cache = _grown(cache, min(size, cache.max_len + _GROW))
     sl = slice(start, start + _CHUNK)
-    logits, cache = _chunk_logits(model, jnp.asarray(ids[None, sl]), jnp.asarray(pos[None, sl]), cache)
+    logits, cache = _chunk_logits(model, jnp.asarray(ids[None, sl]), jnp.asarray(pos[None, sl]),
+                                  cache)
     out.append(np.asarray(logits[0], np.float64))
   return np.concatenate(out)[:n]
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Callable
+from typing import Callable, Sequence
 
 from legorl_jax.rewards import status as st
 from tests.reliability.faultkit import RUN_ENV, Outcome, _alive, _proc_bytes, leaks
@@ -201,14 +201,15 @@ def _repo_root() -> str:
   return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _train_process(workdir: str, steps: int, env: dict, config: str | None = None
-                   ) -> subprocess.Popen:
+def _train_process(workdir: str, steps: int, env: dict, config: str | None = None,
+                   extra: Sequence[str] = ()) -> subprocess.Popen:
   """``experiments.train`` with ``PIPELINE_OVERRIDES``; ``config``: another config file than
-  demo_tiny's (e.g. ``demo_tiny_moe.py``), the same overrides on top."""
+  demo_tiny's (e.g. ``demo_tiny_moe.py``), the same overrides on top; ``extra``: more
+  ``--config.*`` flags after them."""
   overrides = PIPELINE_OVERRIDES if config is None else (f"--config={config}",
                                                          *PIPELINE_OVERRIDES[1:])
   argv = [sys.executable, "-m", "experiments.train", f"--workdir={workdir}",
-          *overrides, f"--config.trainer.steps={steps}"]
+          *overrides, *extra, f"--config.trainer.steps={steps}"]
   return subprocess.Popen(argv, cwd=_repo_root(), env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -293,14 +294,15 @@ def _wait_for(proc, cond: Callable[[], bool], what: str, timeout_s: float, lines
 
 def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
                   timeout_s: float = 600.0, config: str | None = None,
-                  xla_default_compile: bool = True) -> Outcome:
+                  xla_default_compile: bool = True, extra: Sequence[str] = ()) -> Outcome:
   """``python -m experiments.train`` run uninterrupted, and run again SIGKILLed (its whole
   process group) once the checkpoint of step ``kill_after`` is committed and the trials of
   step ``kill_after + 1`` are running (the first of them has finished), then rerun with the
   same workdir to the end. ``config``: the config file both runs start from (default
   demo_tiny's; ``experiments/configs/demo_tiny_moe.py`` for a mixture-of-experts policy).
   ``xla_default_compile``: the runs compile at XLA's default level, as real runs do (and
-  cheaper here: ``tests/xla_flags.py``); False: at the session's test flags.
+  cheaper here: ``tests/xla_flags.py``); False: at the session's test flags. ``extra``: more
+  ``--config.*`` flags for every run (e.g. an SFT phase before RL).
 
   Expected: the killed run's latest checkpoint is ``kill_after``; the resumed run's final
   parameters and optimizer state equal the uninterrupted run's bit for bit; so do the
@@ -315,13 +317,13 @@ def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
   tmp = j("tmp")  # the sandboxes' base dir is $TMPDIR/legorl_sandboxes
   os.makedirs(tmp, exist_ok=True)
   marker = uuid.uuid4().hex
-  env = dict(os.environ, PYTHONPATH=_repo_root(), JAX_PLATFORMS="cpu",
-             XLA_FLAGS=subprocess_xla_flags(runs_steps=xla_default_compile), TMPDIR=tmp, **{RUN_ENV: marker})
+  env = dict(os.environ, PYTHONPATH=_repo_root(), JAX_PLATFORMS="cpu", TMPDIR=tmp,
+             XLA_FLAGS=subprocess_xla_flags(runs_steps=xla_default_compile), **{RUN_ENV: marker})
   base_dir = os.path.join(tmp, "legorl_sandboxes")
   why, left, procs = [], [], []
 
   def run_to_end(workdir):
-    p = _train_process(workdir, steps, env, config)
+    p = _train_process(workdir, steps, env, config, extra)
     procs.append(p)
     out, _ = p.communicate(timeout=timeout_s)
     if p.returncode != 0:
@@ -331,7 +333,7 @@ def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
   run_to_end(j("full"))
   cut_dir = j("killed", "rollouts", f"step_{kill_after + 1:05d}")
   committed = j("killed", "checkpoints", str(kill_after), "commit_success.txt")
-  proc = _train_process(j("killed"), steps, env, config)
+  proc = _train_process(j("killed"), steps, env, config, extra)
   procs.append(proc)
   lines: list[str] = []
   cut_trials: set[str] = set()
