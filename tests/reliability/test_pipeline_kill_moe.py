@@ -34,8 +34,8 @@ def test_moe_pipeline_killed_mid_step_resumes_to_the_uninterrupted_result(tmp_pa
 
   At the suite's LLVM -O0 compiles, not XLA's default level as the dense case: at the default
   level this policy's two runs sampled different tokens already in step 1, before any kill (2 of
-  5 runs, 2026-12-04), so its sampling there depends on timing, i.e. on which rows share a
-  batch. The cause is not found yet: ``moe.blocked_experts`` alone gives a token the same output
+  8 runs, 2026-12-04; the dense case passed 6 of 6), so its sampling there depends on timing,
+  i.e. on which rows share a batch. The cause is not found yet: ``moe.blocked_experts`` alone gives a token the same output
   bit for bit in 130 random batches of 1 to 128 tokens at both levels."""
   o = killkit.pipeline_kill(str(tmp_path), steps=2, kill_after=1,
                              config="experiments/configs/demo_tiny_moe.py",
