@@ -12,9 +12,12 @@ removed at the end, so no test ever reads an executable an earlier session compi
 Where the suite's time goes: with ``LEGORL_TEST_RUSAGE=FILE`` set, every test appends one JSON
 line to FILE: its node id, outcome, worker, wall seconds (setup + call + teardown), and CPU
 seconds of the worker process and of the child processes it reaped meanwhile (a pipeline
-subprocess's line includes its own trial processes). CPU seconds do not stretch when the host
-is loaded, so they say what a test costs even on a busy machine; CPU well below wall means the
-test waits, and more workers would overlap it. ``compile_s`` is the wall time JAX spent
+subprocess's line includes its own trial processes). CPU seconds stretch much less than wall
+seconds when the host is loaded, so they say roughly what a test costs even on a busy machine,
+but not exactly: spinning thread pools and shared caches add some (the dense pipeline kill test
+took 104 CPU-s in one suite run and 114 in another, 2026-12-04), and the same tests' CPU moved
+14% between hours on this host. CPU well below wall means the test waits, and more workers
+would overlap it. ``compile_s`` is the wall time JAX spent
 tracing, lowering and compiling in the worker itself (subprocesses not included).
 """
 
