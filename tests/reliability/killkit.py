@@ -294,13 +294,13 @@ def _wait_for(proc, cond: Callable[[], bool], what: str, timeout_s: float, lines
 
 def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
                   timeout_s: float = 600.0, config: str | None = None,
-                  xla_default_compile: bool = True, extra: Sequence[str] = ()) -> Outcome:
+                  xla_default: bool = True, extra: Sequence[str] = ()) -> Outcome:
   """``python -m experiments.train`` run uninterrupted, and run again SIGKILLed (its whole
   process group) once the checkpoint of step ``kill_after`` is committed and the trials of
   step ``kill_after + 1`` are running (the first of them has finished), then rerun with the
   same workdir to the end. ``config``: the config file both runs start from (default
   demo_tiny's; ``experiments/configs/demo_tiny_moe.py`` for a mixture-of-experts policy).
-  ``xla_default_compile``: the runs compile at XLA's default level, as real runs do (and
+  ``xla_default``: the runs compile at XLA's default level, as real runs do (and
   cheaper here: ``tests/xla_flags.py``); False: at the session's test flags. ``extra``: more
   ``--config.*`` flags for every run (e.g. an SFT phase before RL).
 
@@ -318,7 +318,7 @@ def pipeline_kill(root_dir: str, steps: int = 3, kill_after: int = 1,
   os.makedirs(tmp, exist_ok=True)
   marker = uuid.uuid4().hex
   env = dict(os.environ, PYTHONPATH=_repo_root(), JAX_PLATFORMS="cpu", TMPDIR=tmp,
-             XLA_FLAGS=subprocess_xla_flags(runs_steps=xla_default_compile), **{RUN_ENV: marker})
+             XLA_FLAGS=subprocess_xla_flags(xla_default=xla_default), **{RUN_ENV: marker})
   base_dir = os.path.join(tmp, "legorl_sandboxes")
   why, left, procs = [], [], []
 

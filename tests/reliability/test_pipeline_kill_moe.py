@@ -39,7 +39,7 @@ def test_moe_pipeline_killed_mid_step_resumes_to_the_uninterrupted_result(tmp_pa
   bit for bit in 130 random batches of 1 to 128 tokens at both levels."""
   o = killkit.pipeline_kill(str(tmp_path), steps=2, kill_after=1,
                              config="experiments/configs/demo_tiny_moe.py",
-                             xla_default_compile=False, extra=MOE_EXTRA)
+                             xla_default=False, extra=MOE_EXTRA)
   assert o.ok, f"{o.detail}; left running: {o.leaked}"
   assert o.lost == 0
   assert len(o.final) == 2 * 8
