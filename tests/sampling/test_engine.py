@@ -296,9 +296,14 @@ def test_stragglers_in_high_rows_are_compacted_and_sample_the_same(model):
   kw = dict(ENGINE_KW, decode_rows=(1, 4))
   long_params = SamplingParams(temperature=1.0, max_tokens=60, seed=11)
   with Engine(model, seed=1, **kw) as eng:
-    short = [eng.submit(_prompt(6, seed=70 + i), SamplingParams(max_tokens=2, seed=i),
-                        session_id=f"short{i}") for i in range(3)]
-    long = eng.submit(_prompt(9, seed=80), long_params, session_id="long")
+    # All four arrive in one scheduling round. The device thread waits on the scheduler's lock,
+    # so holding it while submitting means no round starts between two submissions (CI, loaded,
+    # once admitted the long request a round after the short ones: a decode chunk then ran a row
+    # still prefilling, 88 live row-steps of 96).
+    with eng._scheduler.cv:  # noqa: SLF001
+      short = [eng.submit(_prompt(6, seed=70 + i), SamplingParams(max_tokens=2, seed=i),
+                          session_id=f"short{i}") for i in range(3)]
+      long = eng.submit(_prompt(9, seed=80), long_params, session_id="long")
     for f in short:
       f.result(timeout=300)
     got = long.result(timeout=300)
