@@ -100,6 +100,10 @@ class Learner:
       self._sharded_steps = {}
     else:
       self.state_sh = self.frozen_sh = None
+      # Committed to the device, as a restored checkpoint's arrays are: a fresh and a resumed
+      # run then lower the same update program (an uncommitted argument lowers without a
+      # sharding, a committed one with it), and the resumed run finds it in the compile cache.
+      state = jax.device_put(state, jax.devices()[0])
       self._step = jax.jit(step_fn, donate_argnums=(0,),
                            static_argnames=("scored_cap", "shared_prefix"),
                            compiler_options=self.compiler_options)

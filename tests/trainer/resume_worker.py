@@ -40,6 +40,9 @@ def initial(trainable: str = "all"):
 def main(workdir: str, total_steps: int, out: str, trainable: str = "all"):
   cached = trainable.endswith(CACHED)
   model_def, plan, frozen, state, opt, cfg = initial(trainable)
+  # Committed, as the learner's is (``Learner.__init__``): a resumed worker then lowers the same
+  # update program as a fresh one, and takes it from the session's compile cache.
+  state = jax.device_put(state, jax.devices()[0])
   step_fn = jax.jit(ts.make_train_step(model_def, opt, cfg, plan=plan), donate_argnums=(0,))
   data = lambda position: helpers.make_batch(seed=100 + position)  # noqa: E731
   if cached:
