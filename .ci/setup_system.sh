@@ -42,6 +42,11 @@ if ! docker_ok; then
 fi
 echo "setup_system: bwrap $(bwrap --version 2>/dev/null | head -1), $(docker version --format 'docker server {{.Server.Version}}' 2>/dev/null)"
 
+# The Docker sandbox's base image (legorl_jax/sandbox/images.py): its debootstrap rootfs
+# (~45 s, cached under ~/.cache/legorl_jax/images), built here rather than inside the first
+# Docker test. Runs from the checkout like the installer below.
+python -m legorl_jax.sandbox.images
+
 # Harness CLIs, each in its own virtualenv / npm prefix (idempotent; pinned in
 # legorl_jax/harnesses/install.py). Runs from the checkout, before the package is installed.
 python -m legorl_jax.harnesses.install all

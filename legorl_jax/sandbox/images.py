@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 
@@ -58,23 +59,48 @@ def ensure_base_image(client, *, suite: str = "bookworm", packages: tuple[str, .
   tag = f"{IMAGE_REPO}:{h}"
   if image_exists(client, tag):
     return tag
-  cache_dir = cache_dir or default_cache_dir()
-  try:
-    os.makedirs(cache_dir, exist_ok=True)
-  except OSError:  # a read-only cache that already holds the tarball still works
-    pass
-  tarball = os.path.join(cache_dir, f"rootfs-{h}.tar")
-  with _BUILD_LOCK, _file_lock(os.path.join(cache_dir, f"rootfs-{h}.lock")):
+  with _build_lock(h, cache_dir) as cache_dir:
     if image_exists(client, tag):  # another caller built it while this one waited
       return tag
-    if not os.path.isfile(tarball):
-      _build_rootfs_tar(tarball, suite, packages, variant, mirror)
+    tarball = _ensure_tarball(h, cache_dir, suite, packages, variant, mirror)
     log.info("importing %s as %s", tarball, tag)
     client.api.import_image_from_file(tarball, repository=IMAGE_REPO, tag=h,
                                       changes=['CMD ["/bin/sh"]', "ENV LANG=C.UTF-8"])
   if not image_exists(client, tag):
     raise SandboxError(f"docker import of {tarball} did not produce {tag}")
   return tag
+
+
+def ensure_rootfs_tarball(*, suite: str = "bookworm", packages: tuple[str, ...] = ("python3", "git"),
+                          variant: str = "minbase", mirror: str | None = None,
+                          cache_dir: str | None = None) -> str:
+  """Path of the base image's rootfs tarball in the cache, built by debootstrap if missing.
+
+  The slow part of ``ensure_base_image`` (debootstrap: ~45 s and ~40 CPU-s here), without a
+  Docker engine or its SDK; the image is then imported from the tarball in seconds."""
+  h = recipe_hash(suite, packages, variant, mirror)
+  with _build_lock(h, cache_dir) as cache_dir:
+    return _ensure_tarball(h, cache_dir, suite, packages, variant, mirror)
+
+
+@contextlib.contextmanager
+def _build_lock(h: str, cache_dir: str | None):
+  """Serialises builds of recipe ``h`` in this process and across processes; yields the cache
+  directory (created when it can be)."""
+  cache_dir = cache_dir or default_cache_dir()
+  try:
+    os.makedirs(cache_dir, exist_ok=True)
+  except OSError:  # a read-only cache that already holds the tarball still works
+    pass
+  with _BUILD_LOCK, _file_lock(os.path.join(cache_dir, f"rootfs-{h}.lock")):
+    yield cache_dir
+
+
+def _ensure_tarball(h, cache_dir, suite, packages, variant, mirror) -> str:
+  tarball = os.path.join(cache_dir, f"rootfs-{h}.tar")
+  if not os.path.isfile(tarball):
+    _build_rootfs_tar(tarball, suite, packages, variant, mirror)
+  return tarball
 
 
 @contextlib.contextmanager
@@ -130,3 +156,28 @@ def _build_rootfs_tar(tarball, suite, packages, variant, mirror):
     finally:
       if os.path.exists(part):
         os.unlink(part)
+
+
+def main() -> int:
+  """``python -m legorl_jax.sandbox.images``: makes the default base image ready before it is
+  needed (``.ci/setup_system.sh`` runs it, so the suite's first Docker test does not wait for
+  debootstrap). Builds the rootfs tarball; imports it too when the Docker SDK is installed (the
+  bare checkout's Python may not have it yet: the first ``ensure_base_image`` imports it then)."""
+  logging.basicConfig(level=logging.INFO, format="images: %(message)s")
+  try:
+    tarball = ensure_rootfs_tarball()
+  except SandboxError as e:
+    print(f"images: {e}", file=sys.stderr)
+    return 1
+  try:
+    import docker
+  except ImportError:
+    print(f"images: rootfs ready at {tarball}; the Docker SDK is not installed here, so the "
+          "image is imported on first use")
+    return 0
+  print(f"images: {ensure_base_image(docker.from_env())} ready")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

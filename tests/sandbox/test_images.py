@@ -60,3 +60,31 @@ def test_concurrent_callers_build_the_image_once(client, tmp_path, monkeypatch):
   finally:
     if images.image_exists(client, tag):
       client.images.remove(tag, force=True)
+
+
+def test_rootfs_tarball_is_built_once_without_an_engine(tmp_path, monkeypatch):
+  """``ensure_rootfs_tarball`` (what ``.ci/setup_system.sh`` runs before the SDK is installed)
+  builds the tarball under the recipe's name, once; a later ``ensure_base_image`` of the same
+  recipe imports that tarball instead of building again."""
+  calls = []
+
+  def build(tarball, suite, packages, variant, mirror):
+    calls.append(tarball)
+    with tarfile.open(tarball, "w") as tar:
+      info = tarfile.TarInfo("etc/legorl-test")
+      tar.addfile(info, io.BytesIO(b""))
+
+  monkeypatch.setattr(images, "_build_rootfs_tar", build)
+  mirror = f"http://unused.invalid/{uuid.uuid4().hex}"
+  h = images.recipe_hash("bookworm", ("python3", "git"), "minbase", mirror)
+  first = images.ensure_rootfs_tarball(mirror=mirror, cache_dir=str(tmp_path))
+  assert first == str(tmp_path / f"rootfs-{h}.tar") and calls == [first]
+  assert images.ensure_rootfs_tarball(mirror=mirror, cache_dir=str(tmp_path)) == first
+  client = _engine()
+  try:
+    assert images.ensure_base_image(client, mirror=mirror, cache_dir=str(tmp_path)) == \
+        f"{images.IMAGE_REPO}:{h}"
+    assert calls == [first]
+  finally:
+    if images.image_exists(client, f"{images.IMAGE_REPO}:{h}"):
+      client.images.remove(f"{images.IMAGE_REPO}:{h}", force=True)
