@@ -30,7 +30,7 @@ import threading
 import time
 
 from legorl_jax.errors import SandboxError, TaskError
-from legorl_jax.sandbox import base, diff as diff_lib, uids
+from legorl_jax.sandbox import base, diff as diff_lib, host_death, uids
 from legorl_jax.tasks import repo as repo_lib
 from legorl_jax.tasks.schema import Task
 from legorl_jax.utils import log_once
@@ -287,6 +287,7 @@ class LocalSandbox(base.Sandbox):
       argv = self._limits_argv() + self._bwrap_argv(cwd) + argv
     else:
       argv = self._limits_argv() + argv
+    argv = host_death.die_with_host_argv() + argv  # dies with this process, from its fork on
     kwargs = {}
     if self.uid is not None and not self.isolated:
       kwargs = {"user": self.uid, "group": self.uid, "extra_groups": []}
