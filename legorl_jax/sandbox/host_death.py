@@ -17,6 +17,7 @@ kill and the exit status work as before).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -35,7 +36,7 @@ def die_with_host_argv(host_pid: int | None = None) -> list[str]:
   Without ``setpriv`` (util-linux before 2.33, or none) the prefix is empty and only bwrap's own
   ``--die-with-parent`` applies, with its window; that is logged once per process.
   """
-  setpriv = shutil.which("setpriv")
+  setpriv = _setpriv()
   if setpriv is None:
     log_once.warning(log, NO_SETPRIV_KEY, "setpriv (util-linux) not found: a sandbox command "
                      "started just as its process is killed may outlive it; install util-linux")
@@ -43,3 +44,9 @@ def die_with_host_argv(host_pid: int | None = None) -> list[str]:
   pid = os.getpid() if host_pid is None else int(host_pid)
   return [setpriv, "--pdeathsig", "KILL", "--", "/bin/sh", "-c",
           f'[ "$PPID" = {pid} ] || exit 137; exec "$@"', CHECK_NAME]
+
+
+@functools.cache
+def _setpriv() -> str | None:
+  """setpriv's path, looked up once per process (this runs for every sandbox command)."""
+  return shutil.which("setpriv")

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 IMAGE_REPO = "legorl/base"
 RECIPE_VERSION = 1
+# The default recipe: Debian bookworm, minbase, with Python 3 and git.
+SUITE, PACKAGES, VARIANT = "bookworm", ("python3", "git"), "minbase"
 _BUILD_LOCK = threading.Lock()  # one build per process at a time; the lock file covers processes
 
 
@@ -51,8 +53,8 @@ def image_exists(client, tag: str) -> bool:
     return False
 
 
-def ensure_base_image(client, *, suite: str = "bookworm", packages: tuple[str, ...] = ("python3", "git"),
-                      variant: str = "minbase", mirror: str | None = None,
+def ensure_base_image(client, *, suite: str = SUITE, packages: tuple[str, ...] = PACKAGES,
+                      variant: str = VARIANT, mirror: str | None = None,
                       cache_dir: str | None = None) -> str:
   """Tag of the base image, building it if needed (about a minute, needs root and debootstrap)."""
   h = recipe_hash(suite, packages, variant, mirror)
@@ -71,8 +73,8 @@ def ensure_base_image(client, *, suite: str = "bookworm", packages: tuple[str, .
   return tag
 
 
-def ensure_rootfs_tarball(*, suite: str = "bookworm", packages: tuple[str, ...] = ("python3", "git"),
-                          variant: str = "minbase", mirror: str | None = None,
+def ensure_rootfs_tarball(*, suite: str = SUITE, packages: tuple[str, ...] = PACKAGES,
+                          variant: str = VARIANT, mirror: str | None = None,
                           cache_dir: str | None = None) -> str:
   """Path of the base image's rootfs tarball in the cache, built by debootstrap if missing.
 

@@ -243,20 +243,15 @@ def _grown(cache: KVCache, slots: int) -> KVCache:
 # Compiled at LLVM -O2 whatever the session's flags: this program runs ~35 times per long
 # segment and its cost is run time (a chunk's softmax over up to 20k slots), which the suite's
 # -O0 code (tests/conftest.py) runs ~1.7x slower: Claude Code's 17k-token segment, warm,
-# 34 -> 19 CPU-s (2026-12-06). Only the speed changes: the same ops, no fast-math at any level.
+# 34 -> 18 CPU-s (2026-12-06). Only the speed changes: the same ops, no fast-math at any level.
 _RESCORE_COMPILE = {"xla_backend_optimization_level": 2}
 
 
 @functools.partial(jax.jit, static_argnums=0, compiler_options=_RESCORE_COMPILE)
-def _chunk_logits_split(graphdef, state, ids, positions, cache):
+def _chunk_logits(graphdef, state, ids, positions, cache):
   model = nnx.merge(graphdef, state)
   hidden, cache = model.decode(ids, positions, cache)
   return model.logits_from_hidden(hidden), cache
-
-
-def _chunk_logits(model, ids, positions, cache):
-  graphdef, state = nnx.split(model)
-  return _chunk_logits_split(graphdef, state, ids, positions, cache)
 
 
 def _teacher_forced_logits(model, token_ids):
@@ -272,13 +267,14 @@ def _teacher_forced_logits(model, token_ids):
   ids = np.zeros(size, np.int32)
   ids[:n] = token_ids
   pos = np.where(np.arange(size) < n, np.arange(size), -1).astype(np.int32)
+  graphdef, state = nnx.split(model)
   out = []
   for start in range(0, size, _CHUNK):
     if start + _CHUNK > cache.max_len:  # grow the slots: a chunk attends to no more than it needs
       cache = _grown(cache, min(size, cache.max_len + _GROW))
     sl = slice(start, start + _CHUNK)
-    logits, cache = _chunk_logits(model, jnp.asarray(ids[None, sl]), jnp.asarray(pos[None, sl]),
-                                  cache)
+    logits, cache = _chunk_logits(graphdef, state, jnp.asarray(ids[None, sl]),
+                                  jnp.asarray(pos[None, sl]), cache)
     out.append(np.asarray(logits[0], np.float64))
   return np.concatenate(out)[:n]
 

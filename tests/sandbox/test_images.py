@@ -25,6 +25,15 @@ def client():
   return _engine()
 
 
+def _tiny_rootfs(tarball: str):
+  """Stands in for debootstrap's rootfs (a minute): a tarball holding one small file."""
+  data = b"built once\n"
+  info = tarfile.TarInfo("etc/legorl-test")
+  info.size = len(data)
+  with tarfile.open(tarball, "w") as tar:
+    tar.addfile(info, io.BytesIO(data))
+
+
 def test_concurrent_callers_build_the_image_once(client, tmp_path, monkeypatch):
   calls = []
   active = threading.Semaphore(1)
@@ -34,14 +43,7 @@ def test_concurrent_callers_build_the_image_once(client, tmp_path, monkeypatch):
     try:
       calls.append(tarball)
       time.sleep(0.5)
-      buf = io.BytesIO()
-      with tarfile.open(fileobj=buf, mode="w") as tar:
-        data = b"built once\n"
-        info = tarfile.TarInfo("etc/legorl-test")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-      with open(tarball, "wb") as f:
-        f.write(buf.getvalue())
+      _tiny_rootfs(tarball)
     finally:
       active.release()
 
@@ -62,7 +64,7 @@ def test_concurrent_callers_build_the_image_once(client, tmp_path, monkeypatch):
       client.images.remove(tag, force=True)
 
 
-def test_rootfs_tarball_is_built_once_without_an_engine(tmp_path, monkeypatch):
+def test_rootfs_tarball_is_built_once_without_an_engine(client, tmp_path, monkeypatch):
   """``ensure_rootfs_tarball`` (what ``.ci/setup_system.sh`` runs before the SDK is installed)
   builds the tarball under the recipe's name, once; a later ``ensure_base_image`` of the same
   recipe imports that tarball instead of building again."""
@@ -70,9 +72,7 @@ def test_rootfs_tarball_is_built_once_without_an_engine(tmp_path, monkeypatch):
 
   def build(tarball, suite, packages, variant, mirror):
     calls.append(tarball)
-    with tarfile.open(tarball, "w") as tar:
-      info = tarfile.TarInfo("etc/legorl-test")
-      tar.addfile(info, io.BytesIO(b""))
+    _tiny_rootfs(tarball)
 
   monkeypatch.setattr(images, "_build_rootfs_tar", build)
   mirror = f"http://unused.invalid/{uuid.uuid4().hex}"
@@ -80,7 +80,6 @@ def test_rootfs_tarball_is_built_once_without_an_engine(tmp_path, monkeypatch):
   first = images.ensure_rootfs_tarball(mirror=mirror, cache_dir=str(tmp_path))
   assert first == str(tmp_path / f"rootfs-{h}.tar") and calls == [first]
   assert images.ensure_rootfs_tarball(mirror=mirror, cache_dir=str(tmp_path)) == first
-  client = _engine()
   try:
     assert images.ensure_base_image(client, mirror=mirror, cache_dir=str(tmp_path)) == \
         f"{images.IMAGE_REPO}:{h}"
