@@ -26,6 +26,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Percent of synthetic training bugs kept for RL only (no demonstrations; RL draws only from
   # them; held-out sets "names_rl" and "names_demo" need it). 0: every bug has demonstrations.
   c.tasks.rl_bugs_percent = 0
+  # Held-out "names*" sets: at most one task per bug (num_val distinct bugs) instead of
+  # num_val tasks that may repeat a bug under two names (issue 44: a 32-bug main set).
+  c.tasks.held_out_distinct_bugs = False
 
   c.harness = ml_collections.ConfigDict()
   c.harness.name = "builtin"
@@ -68,6 +71,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.difficulty_window = 2
   c.rollout.difficulty_max_skips = 2
   c.rollout.mask_broken_groups = True
+  # How RL draws tasks: "loader" (the shuffled pool in epochs) or "pass_rate" (bugs weighted by
+  # p (1 - p) + epsilon, p an EMA of each bug's recent solve rate: trainer.pass_rate_sampler;
+  # replaces the difficulty filter). priors: a screen JSON (experiments.screen) with per-bug rates.
+  c.rollout.sampler = "loader"
+  c.rollout.pass_rate = ml_collections.ConfigDict(
+      {"prior": 0.5, "ema": 0.5, "epsilon": 0.05, "priors": "", "priors_temperature": 0.0})
 
   c.advantage = ml_collections.ConfigDict()
   c.advantage.name = "grpo"
@@ -86,6 +95,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.router_aux_coef = 0.0
   c.loss.entropy_coef = 0.0
   c.loss.vf_coef = 0.0
+  # Demonstration replay (issue 44): each RL step also trains on demo_replay_seqs SFT
+  # demonstration sequences with weight * their token-mean NLL, against forgetting (0: off).
+  c.loss.demo_replay_weight = 0.0
+  c.loss.demo_replay_seqs = 4
 
   c.trainer = ml_collections.ConfigDict()
   c.trainer.mode = "sync"        # "sync" | "async"
@@ -119,6 +132,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.lora_rank = 8
   c.trainer.lora_alpha = 16.0
   c.trainer.lora_targets = ("q", "k", "v", "o", "gate", "up", "down")
+  # Stop RL with an error once the KL to the start policy (kl_to_start_k3, else kl_ref) passes
+  # this bound (None: never).
+  c.trainer.max_kl = ml_collections.config_dict.placeholder(float)
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-4
@@ -149,12 +165,23 @@ def base_config() -> ml_collections.ConfigDict:
   # Host memory (MB, float32) for the frozen blocks' output per demonstration (top:K): SFT runs
   # them once per demonstration, then only the trained blocks; past the bound, as without. 0: off.
   c.sft.trunk_cache_mb = 2048
+  # SFT steps after which the policy is saved to WORKDIR/sft_checkpoints/step_N (the screen's
+  # candidates, experiments.screen), e.g. (20, 40, 80, 160).
+  c.sft.save_at = ()
 
   c.eval = ml_collections.ConfigDict()
   c.eval.before_after = True     # held-out evaluation before and after RL
   c.eval.every = 0               # also every N RL steps (0: never)
   c.eval.samples = 4             # samples per task at the sampling temperature (pass@k)
   c.eval.greedy = True
+  c.eval.every_all_sets = False  # eval.every evaluates every held-out set, not only the main one
+
+  # experiments.screen: SFT checkpoints scored on RL-pool bugs under training names.
+  c.screen = ml_collections.ConfigDict()
+  c.screen.temperatures = (0.6, 0.8, 1.0)
+  c.screen.samples = 16          # per bug and temperature (pass@16)
+  c.screen.bugs = 32             # RL-pool bugs, one task each
+  c.screen.checkpoints = ()      # default: every WORKDIR/sft_checkpoints/step_N
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 4
