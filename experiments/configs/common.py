@@ -48,6 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.engine.max_len = 1024
   c.engine.prefill_buckets = (64, 256, 512)  # prefill chunk: the smallest (fixed, aligned)
   c.engine.decode_chunk = 16
+  c.engine.attn_step = 128  # attention windows: multiples of 128 slots (8 per doubling past 1k)
   c.engine.prefix_cache = True    # prompt prefixes shared across requests (a group's prompt)
   c.engine.prefix_cache_gb = 0.5  # LRU store for prefixes evicted from the engine's rows
 

@@ -43,7 +43,7 @@ from legorl_jax import errors
 from legorl_jax.models import params as model_params
 from legorl_jax.models.decoder import Decoder
 from legorl_jax.sampling import prefix_cache, steps
-from legorl_jax.sampling.buckets import checked, geometric
+from legorl_jax.sampling.buckets import checked, fill, geometric
 from legorl_jax.sampling.device import Device
 from legorl_jax.sampling.params import Completion, SamplingParams
 from legorl_jax.sampling.scheduler import Layout, PendingUpdate, Request, Scheduler
@@ -67,7 +67,10 @@ class Engine:
     prefill_rows: how many rows one prefill call may fill (buckets).
     decode_rows: decode runs on cache rows ``[0, b)`` for the smallest bucket ``b`` covering
       every live row (rows are handed out lowest index first).
-    attn_buckets: attention window lengths (default: powers of two from 128 up to max_len).
+    attn_buckets: attention window lengths (default: ``buckets.fill(attn_step, max_len)``).
+    attn_step: the default windows' spacing: multiples of it up to ``8 * attn_step``, then eight
+      per doubling (a call attends over at most ``attn_step`` slots, or 1/8, past its longest
+      row). Ignored when ``attn_buckets`` is given.
     decode_chunk: sampling steps per device call (host round trip).
     max_stop_ids: most stop token ids per request.
     seed: engine seed for requests without ``SamplingParams.seed``.
@@ -102,7 +105,7 @@ class Engine:
                max_stop_ids: int = 8, seed: int = 0, decode_fn=None, prefix_reuse: bool = True,
                cache_dtype=None, join_window_s: float = 0.003, prefill_chunk: int | None = None,
                prefix_cache_gb: float = 0.0, reuse_sampled_kv: bool = False,
-               record_routes: bool | None = None):
+               record_routes: bool | None = None, attn_step: int = 128):
     cfg = model.config
     if record_routes is None:
       record_routes = bool(cfg.moe_layers)
@@ -135,7 +138,7 @@ class Engine:
     self.decode_rows = checked(
         "decode_rows", decode_rows or geometric(1, max_batch, 4), max_batch, include_max=True)
     self.attn_buckets = checked(
-        "attn_buckets", attn_buckets or geometric(min(128, max_len), max_len, 2), max_len,
+        "attn_buckets", attn_buckets or fill(min(attn_step, max_len), max_len), max_len,
         include_max=True)
     self._decode_fn = as_decode_fn(decode_fn)
     self._seed_rng = np.random.default_rng(seed)

@@ -27,7 +27,8 @@ class PolicyService:
         prefill_buckets=tuple(cfg.engine.prefill_buckets), decode_chunk=int(cfg.engine.decode_chunk),
         seed=int(cfg.get("seed", 0)), decode_fn=tokenizer,
         prefix_reuse=bool(cfg.engine.get("prefix_cache", True)),
-        prefix_cache_gb=float(cfg.engine.get("prefix_cache_gb", 0.0)))
+        prefix_cache_gb=float(cfg.engine.get("prefix_cache_gb", 0.0)),
+        attn_step=int(cfg.engine.get("attn_step", 128)))
     self.engine.start()
     self._proxies: dict[str, ProxyServer] = {}
 
