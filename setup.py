@@ -30,6 +30,9 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     "tpu": ["jax[tpu]>=0.10.0,<0.11", "gcsfs>=2024.2"],
     "gpu": ["jax[cuda12]>=0.10.0,<0.11"],
+    # Trials on a Ray cluster (rollout.backend="ray"). Core Ray plus the client (grpcio) for
+    # ray://HOST:10001 addresses; ray[default] (dashboard, ~20 more packages) is not needed.
+    "ray": ["ray[client]>=2.50,<3"],
     "test": [
         "pytest>=8,<10",
         "pytest-timeout>=2.3,<3",
@@ -46,6 +49,8 @@ EXTRAS = {
         "nbclient>=0.10,<0.12",
         "nbformat>=5.10,<6",
         "ipykernel>=6.29,<8",
+        # The Ray backend's tests start a real multi-node local cluster.
+        "ray[client]>=2.50,<3",
     ],
 }
 
