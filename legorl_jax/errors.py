@@ -92,3 +92,8 @@ class RolloutError(LegorlError):
 
 class TrainerError(LegorlError):
   """The learner or training loop hit an unrecoverable condition."""
+
+
+class KLBoundError(TrainerError):
+  """The policy moved further from its start than ``trainer.max_kl`` allows; the message names
+  the step, the KL and the flag."""

@@ -309,6 +309,25 @@ def policy_loss(name: str, batch: Mapping[str, Any], cfg: Any = None
   return loss_sum, denom, m
 
 
+def demo_replay_nll(logp: Array, demo_mask: Array) -> Tuple[Array, Array]:
+  """Negative log-likelihood of replayed demonstration tokens (``loss.demo_replay_weight``).
+
+  RL on bugs without demonstrations can erode what SFT taught on the others; mixing a few
+  demonstration sequences into each update with a small weight w pulls the policy back towards
+  them. The learner adds ``w * nll_sum / tokens`` (token mean over the update's demonstration
+  tokens, every micro-batch and, with ``trainer.accumulate``, every batch of the step) to the
+  policy objective; those tokens carry no policy-gradient term.
+
+  Args:
+    logp: [B, T] log-prob of each target token under the current parameters.
+    demo_mask: [B, T] 1 on demonstration tokens trained on, 0 elsewhere.
+  Returns:
+    (nll_sum scalar = sum over demo_mask of -logp, tokens scalar = sum of demo_mask).
+  """
+  m = jnp.asarray(demo_mask, logp.dtype)
+  return -jnp.sum(jnp.where(m > 0, logp, 0.0) * m), jnp.sum(m)
+
+
 def value_loss(values: Array, old_values: Array, returns: Array, mask: Array,
                segment_ids: Optional[Array] = None, *, clip_eps: Optional[float] = None,
                aggregation: str = "token-mean", max_len: Optional[float] = None

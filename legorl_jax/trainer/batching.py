@@ -12,6 +12,10 @@ Mixture-of-experts trajectories carry the sampler's routes (``routed_experts``);
 sequence of a call has them, every batch it returns has ``ROUTES_KEY`` int ``[rows, T, L_moe, k]``
 beside the ``[rows, T]`` arrays (-1 where nothing was recorded: padding, the last sampled token,
 sequences without routes), for ``trainer.routing_replay``. Dense trajectories: no such key.
+
+Replayed SFT demonstrations (``TrainSequence.demo``, ``loss.demo_replay_weight``) ride in the
+same rows; when any sequence of a call is one, every batch it returns has ``DEMO_KEY`` f32
+``[rows, T]``, 1 on their tokens (the train step gives them the NLL term, not a policy term).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from legorl_jax.rollout.trajectory import Trajectory
 KEYS = ("input_ids", "positions", "segment_ids", "loss_mask", "advantages", "rollout_logp")
 LAYOUT_KEY = "shared_prefix"  # int32 [2]: (P, L) of a grouped batch
 ROUTES_KEY = "routed_experts"  # as train_step.ROUTES_KEY
+DEMO_KEY = "demo_mask"  # as train_step.DEMO_KEY
 
 
 def split_layout(batch: dict) -> tuple[dict, tuple[int, int] | None]:
@@ -49,6 +54,7 @@ class TrainSequence:
   advantage: float
   trial_id: str = ""
   routes: np.ndarray | None = None  # int [T, L_moe, k] sampler routes (-1: none), MoE only
+  demo: bool = False  # a replayed SFT demonstration (DEMO_KEY), not a rollout
 
 
 def sequences_from_trajectory(traj: Trajectory, advantage: float,
@@ -87,10 +93,13 @@ def route_layout(seqs: Sequence[TrainSequence]) -> RouteLayout | None:
   return shapes.pop(), np.result_type(*[s.routes.dtype for s in seqs if s.routes is not None])
 
 
-def _empty_arrays(length: int, routes: RouteLayout | None) -> dict[str, np.ndarray]:
-  """One row's zero arrays (routes -1: none recorded)."""
+def _empty_arrays(length: int, routes: RouteLayout | None,
+                  demo: bool = False) -> dict[str, np.ndarray]:
+  """One row's zero arrays (routes -1: none recorded; ``demo``: with a zero DEMO_KEY)."""
   a = {k: np.zeros(length, np.float32 if k in ("loss_mask", "advantages", "rollout_logp")
                    else np.int32) for k in KEYS}
+  if demo:
+    a[DEMO_KEY] = np.zeros(length, np.float32)
   if routes is not None:
     a[ROUTES_KEY] = np.full((length, *routes[0]), -1, routes[1])
   return a
@@ -100,6 +109,12 @@ def _put_routes(a: dict, sl: slice, s: TrainSequence, start: int = 0):
   """Copies ``s.routes[start:]`` into the row's routes at ``sl`` (nothing without routes)."""
   if ROUTES_KEY in a and s.routes is not None:
     a[ROUTES_KEY][sl] = s.routes[start:start + sl.stop - sl.start]
+
+
+def _put_demo(a: dict, sl: slice, s: TrainSequence):
+  """Marks a replayed demonstration's tokens in the row's DEMO_KEY (when the row has one)."""
+  if DEMO_KEY in a and s.demo:
+    a[DEMO_KEY][sl] = 1.0
 
 
 def _stack(rows: list[dict]) -> dict[str, np.ndarray]:
@@ -131,8 +146,8 @@ def _rows(seqs: list[TrainSequence], length: int, pack: bool) -> list[list[Train
 
 
 def _row_arrays(row: list[TrainSequence], length: int,
-                routes: RouteLayout | None = None) -> dict[str, np.ndarray]:
-  a = _empty_arrays(length, routes)
+                routes: RouteLayout | None = None, demo: bool = False) -> dict[str, np.ndarray]:
+  a = _empty_arrays(length, routes, demo)
   off = 0
   for sid, s in enumerate(row, start=1):
     n = len(s.token_ids)
@@ -143,14 +158,18 @@ def _row_arrays(row: list[TrainSequence], length: int,
     a["loss_mask"][sl] = s.loss_mask
     a["advantages"][sl] = s.advantage
     a["rollout_logp"][sl] = s.logprobs
+    _put_demo(a, sl, s)
     _put_routes(a, sl, s)
     off += n
   return a
 
 
 def make_batches(seqs: Iterable[TrainSequence], *, buckets: Sequence[int], rows_per_batch: int,
-                 pack: bool = False) -> tuple[list[dict[str, np.ndarray]], collections.Counter]:
+                 pack: bool = False, with_demo: bool | None = None
+                 ) -> tuple[list[dict[str, np.ndarray]], collections.Counter]:
   """Packs sequences into batches ``{key: [rows_per_batch, T]}`` with T from ``buckets``.
+
+  ``with_demo``: whether the batches carry ``DEMO_KEY`` (default: when a sequence is a demo).
 
   Returns the batches (each an optimizer update) and counters: ``sequences``, ``tokens``,
   ``truncated`` (sequences cut to the largest bucket), ``padding_rows``.
@@ -161,6 +180,7 @@ def make_batches(seqs: Iterable[TrainSequence], *, buckets: Sequence[int], rows_
   stats = collections.Counter()
   seqs = list(seqs)
   routes = route_layout(seqs)
+  demo = any(s.demo for s in seqs) if with_demo is None else bool(with_demo)
   by_bucket: dict[int, list[TrainSequence]] = collections.defaultdict(list)
   for s in seqs:
     if len(s.token_ids) > buckets[-1]:
@@ -177,12 +197,12 @@ def make_batches(seqs: Iterable[TrainSequence], *, buckets: Sequence[int], rows_
     by_bucket[_bucket(buckets, len(s.token_ids))].append(s)
   batches = []
   for length in sorted(by_bucket):
-    rows = [_row_arrays(r, length, routes) for r in _rows(by_bucket[length], length, pack)]
+    rows = [_row_arrays(r, length, routes, demo) for r in _rows(by_bucket[length], length, pack)]
     for i in range(0, len(rows), rows_per_batch):
       chunk = rows[i:i + rows_per_batch]
       pad = rows_per_batch - len(chunk)
       stats["padding_rows"] += pad
-      chunk += [_row_arrays([], length, routes)] * pad
+      chunk += [_row_arrays([], length, routes, demo)] * pad
       batches.append(_stack(chunk))
   return batches, stats
 
@@ -209,13 +229,14 @@ def shared_prompt_length(seqs: Sequence[TrainSequence]) -> int:
 
 
 def _grouped_row(members: list[TrainSequence], shared: int, prefix_len: int, branch_len: int,
-                 branches: int, routes: RouteLayout | None = None) -> dict[str, np.ndarray]:
+                 branches: int, routes: RouteLayout | None = None,
+                 demo: bool = False) -> dict[str, np.ndarray]:
   """One row: ``members[0]``'s first ``shared - 1`` tokens, then each member from token
   ``shared - 1`` on (the last shared token is repeated so it predicts its branch's first token).
   The shared prompt's routes are ``members[0]``'s (the same tokens, so the same routes when the
   members were sampled by one policy version; the prefix cache copies them)."""
   length = prefix_len + branches * branch_len
-  a = _empty_arrays(length, routes)
+  a = _empty_arrays(length, routes, demo)
   n = shared - 1
   if members:
     a["input_ids"][:n] = members[0].token_ids[:n]
@@ -231,12 +252,14 @@ def _grouped_row(members: list[TrainSequence], shared: int, prefix_len: int, bra
     a["loss_mask"][sl] = s.loss_mask[n:]
     a["advantages"][sl] = s.advantage
     a["rollout_logp"][sl] = s.logprobs[n:]
+    _put_demo(a, sl, s)
     _put_routes(a, sl, s, start=n)
   return a
 
 
 def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, branch_len: int,
-                         branches: int, rows_per_batch: int, min_shared: int = 2
+                         branches: int, rows_per_batch: int, min_shared: int = 2,
+                         with_demo: bool | None = None
                          ) -> tuple[list[dict[str, np.ndarray]], list[TrainSequence], collections.Counter]:
   """Rows of one shared prompt (``prefix_len`` slots) and ``branches`` branches of
   ``branch_len`` tokens, for sequences that share a prompt.
@@ -259,6 +282,7 @@ def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, bran
   order = []
   seqs = list(seqs)
   routes = route_layout(seqs)
+  demo = any(s.demo for s in seqs) if with_demo is None else bool(with_demo)
   for s in seqs:
     if not any(s.loss_mask):
       stats["no_trainable_tokens"] += 1  # nothing to learn from; counted as make_batches does
@@ -273,7 +297,7 @@ def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, bran
 
   def close():
     if len(members) >= 2:
-      rows.append(_grouped_row(members, shared, prefix_len, branch_len, branches, routes))
+      rows.append(_grouped_row(members, shared, prefix_len, branch_len, branches, routes, demo))
       stats["sequences"] += len(members)
       stats["rows"] += 1
       stats["tokens"] += shared - 1 + sum(len(m.token_ids) - shared + 1 for m in members)
@@ -292,7 +316,7 @@ def make_grouped_batches(seqs: Iterable[TrainSequence], *, prefix_len: int, bran
     members = [s]
     shared = min(_first_trained(s), prefix_len + 1)
   close()
-  empty = _grouped_row([], 1, prefix_len, branch_len, branches, routes)
+  empty = _grouped_row([], 1, prefix_len, branch_len, branches, routes, demo)
   batches = []
   for i in range(0, len(rows), rows_per_batch):
     chunk = rows[i:i + rows_per_batch]

@@ -218,14 +218,14 @@ class Learner:
   def _accumulated_update(self, prepared) -> dict:
     """One optimizer update from the summed gradients of every prepared batch."""
     dens = [self._denominators(dev) for dev, _, _ in prepared]
-    total = (sum(d[0] for d in dens), sum(d[1] for d in dens))
+    total = tuple(sum(d[i] for d in dens) for i in range(3))
     grads = summed = None
     for dev, cap, layout in prepared:
       g, m = self._grads(self.state, dev, self.frozen, scored_cap=cap, shared_prefix=layout,
                          denominators=total)
       grads = g if grads is None else self._add(grads, g)
       summed = m if summed is None else rl_metrics.merge_metrics(summed, m)
-    loss_terms = {k: summed.pop(k) for k in ("loss/policy", "loss/value") if k in summed}
+    loss_terms = {k: summed.pop(k) for k in ts.LOSS_TERMS if k in summed}
     out = rl_metrics.finalize_metrics(summed)
     out.update(loss_terms)
     self.state, norms = self._apply(self.state, grads)

@@ -32,7 +32,7 @@ from legorl_jax.sharding import distributed
 from legorl_jax.trainer import train_step as ts
 from legorl_jax.trainer.learner import merge_update_metrics
 
-_FLOAT_KEYS = ("loss_mask", "advantages", "rollout_logp", "old_logp")
+_FLOAT_KEYS = ("loss_mask", "advantages", "rollout_logp", "old_logp", "demo_mask")
 _TRIAL_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialResult)) - {"trajectory"}
 
 

@@ -38,6 +38,7 @@ from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sandbox import SandboxConfig
 from legorl_jax.sharding import distributed
 from legorl_jax.trainer import config_check, eval_stats, multihost, rl_loop, sft as sft_lib
+from legorl_jax.trainer import demo_replay, kl_guard
 # Re-exported: the experiments and benchmarks take the run's task sets from here.
 from legorl_jax.trainer.task_sets import (HELD_OUT_MODES, extra_held_out_sets,  # noqa: F401
                                           held_out_tasks, load_tasks)
@@ -410,6 +411,8 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
   source.next_step = run_state.rl_step + 1
   source.load_state_dict(run_state.loader)  # the loader's position and the difficulty filter's memory
   probe = rl_loop.KLProbe(os.path.join(distributed.host_local_dir(workdir, "rollouts"), "kl_probe.npz"))
+  kl_guard.check_available(cfg, probe_runs=learner.mesh is None)
+  replay = demo_replay.from_config(cfg, distributed.host_local_dir(workdir, "sft_demos"))
   producer = rl_loop.AsyncRollouts(source) if cfg.trainer.mode == "async" else None
   t0, cpu0 = time.perf_counter(), cpu_time.process_tree_cpu_s()
   rl_s_before = run_state.phase_s.get("rl", 0.0)  # earlier processes' RL seconds (a resumed run)
@@ -427,7 +430,8 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
       wall = max(multihost.gather_objects(wall))
       if trials_path:
         rl_loop.append_trials(trials_path, results, step=step, phase="rl")
-      batches, bm = rl_loop.build_batches(local, local_cfg, service.params_version)
+      batches, bm = rl_loop.build_batches(local, local_cfg, service.params_version,
+                                          replay=replay.draw(step) if replay else ())
       batches = multihost.align_batches(batches, cfg.trainer.buckets, rows)
       bm = multihost.reduce_batch_metrics(bm, len(batches))
       t1 = time.perf_counter()
@@ -448,6 +452,7 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
                        f"loss {lm.get('loss/policy', float('nan')):.4f} "
                        f"trials/h {metrics['trials_per_hour']:.0f} "
                        f"|dlogp| {lm.get('rollout_abs_dlogp', float('nan')):.2e}", done=step, force=True)
+      kl_guard.check(step, metrics, cfg)  # after the step's metrics are written
       run_state.rl_step, run_state.loader, run_state.version = step, position_after, version
       run_state.phase_s["rl"] = rl_s_before + time.perf_counter() - t0
       if step % max(1, int(cfg.checkpoint.every)) == 0 or step == steps:

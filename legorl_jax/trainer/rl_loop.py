@@ -43,16 +43,19 @@ def grouped_then_plain(seqs, cfg) -> tuple[list[dict[str, np.ndarray]], collecti
   layout = config_check.share_prompt_layout(cfg.trainer.get("share_prompt", ()))
   stats = collections.Counter()
   grouped = []
+  seqs = list(seqs)
+  demo = any(s.demo for s in seqs)  # every batch of the call carries the same keys
   if layout is not None:
     p, l, k, rows = layout
     grouped, seqs, gstats = batching.make_grouped_batches(seqs, prefix_len=p, branch_len=l,
-                                                          branches=k, rows_per_batch=rows)
+                                                          branches=k, rows_per_batch=rows,
+                                                          with_demo=demo)
     stats["sequences"] += gstats["sequences"]
     stats["tokens"] += gstats["unshared_tokens"]
     stats.update({f"shared_{k}": v for k, v in gstats.items()})
   plain, pstats = batching.make_batches(
       seqs, buckets=tuple(cfg.trainer.buckets), rows_per_batch=int(cfg.trainer.rows_per_batch),
-      pack=bool(cfg.trainer.get("pack", False)))
+      pack=bool(cfg.trainer.get("pack", False)), with_demo=demo)
   stats.update(pstats)
   return grouped + plain, stats
 
@@ -66,9 +69,14 @@ def _zero_variance_frac(rewards: np.ndarray, valid: np.ndarray) -> float:
   return float(np.mean(flat)) if flat else 0.0
 
 
-def build_batches(results: Sequence[TrialResult], cfg, current_version: int
+def build_batches(results: Sequence[TrialResult], cfg, current_version: int,
+                  replay: Sequence[batching.TrainSequence] = ()
                   ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
-  """Filters, group advantages and batching for one update. Returns (batches, metrics)."""
+  """Filters, group advantages and batching for one update. Returns (batches, metrics).
+
+  ``replay``: demonstration sequences (``demo_replay.DemoReplay``) laid into the same rows,
+  only when some rollout sequence enters the loss (a step with nothing to learn from RL does
+  not become an SFT step)."""
   n = int(cfg.rollout.samples_per_task)
   max_stale = cfg.trainer.get("max_staleness", None)
   stale = frozenset(
@@ -89,7 +97,8 @@ def build_batches(results: Sequence[TrialResult], cfg, current_version: int
         continue
       if r.trajectory is not None:
         seqs += batching.sequences_from_trajectory(r.trajectory, float(adv[gi, ti]), r.trial_id)
-  batches, bstats = grouped_then_plain(seqs, cfg)
+  replayed = list(replay) if seqs else []
+  batches, bstats = grouped_then_plain(seqs + replayed, cfg)
   valid = grouped.valid
   metrics = {
       "reward_mean": float(grouped.rewards[valid].mean()) if valid.any() else 0.0,
@@ -106,6 +115,8 @@ def build_batches(results: Sequence[TrialResult], cfg, current_version: int
       "batch_truncated": float(bstats["truncated"]),
       "batch_updates": float(len(batches)),
   }
+  if replay:
+    metrics["demo_replay_sequences"] = float(len(replayed))
   if "shared_rows" in bstats:
     metrics["batch_shared_sequences"] = float(bstats["shared_sequences"])
     metrics["batch_shared_tokens_computed"] = float(bstats["shared_tokens"])
@@ -424,6 +435,8 @@ class KLProbe:
     if self.batch is None:
       return {}
     mask = np.asarray(self.batch["loss_mask"]) > 0
+    if "demo_mask" in self.batch:  # replayed demonstrations are not the policy's samples
+      mask &= np.asarray(self.batch["demo_mask"]) == 0
     if not mask.any():
       return {}
     d = (learner.logprobs(self.batch)[0] - self.start_logp)[mask].astype(np.float64)

@@ -5,7 +5,9 @@ A device batch holds ``[B, T]`` arrays aligned with token ids (entry ``t`` descr
 ``t``): ``input_ids`` int32, ``positions`` int32, ``segment_ids`` int32 (0 = padding; several
 sequences may share a row), ``loss_mask`` f32 (1 on sampled tokens), ``advantages`` f32,
 ``rollout_logp`` f32 (recorded by the sampler), optionally ``old_logp`` f32 (learner at
-rollout time), ``returns`` / ``old_values`` f32 (PPO critic), and for mixture-of-experts
+rollout time), ``returns`` / ``old_values`` f32 (PPO critic), ``demo_mask`` f32 (1 on the
+tokens of replayed SFT demonstrations, which also have ``loss_mask`` 1: they get the NLL term
+of ``loss.demo_replay_weight`` instead of a policy-gradient term), and for mixture-of-experts
 policies optionally ``routed_experts`` int8/int16/int32 ``[B, T, L_moe, k]`` (the experts the
 sampler selected for every token, prompt tokens included: the prefill records them), used
 instead of recomputing top-k when ``trainer.routing_replay`` is true (rollout routing replay).
@@ -37,6 +39,8 @@ REQUIRED_KEYS = ("input_ids", "positions", "segment_ids", "loss_mask", "advantag
 # then runs only the trained blocks and the head.
 TRUNK_KEY = "trunk"
 ROUTES_KEY = "routed_experts"
+# Optional f32 [B, T]: 1 on replayed demonstration tokens (``loss.demo_replay_weight``).
+DEMO_KEY = "demo_mask"
 
 
 def replay_batch(batch: Batch, routing_replay: bool) -> Batch:
@@ -67,7 +71,8 @@ def shifted(batch: Batch) -> dict[str, jax.Array]:
   out = {"targets": batch["input_ids"][:, 1:],
          "segment_ids": jnp.where(same, seg[:, 1:], 0),
          "loss_mask": batch["loss_mask"][:, 1:].astype(jnp.float32) * same}
-  for k in ("advantages", "rollout_logp", "old_logp", "ref_logp", "returns", "old_values"):
+  for k in ("advantages", "rollout_logp", "old_logp", "ref_logp", "returns", "old_values",
+            DEMO_KEY):
     if batch.get(k) is not None:
       out[k] = batch[k][:, 1:].astype(jnp.float32)
   return out
@@ -136,14 +141,27 @@ def forward_logprobs(model_def: ModelDef, params: Params, batch: Batch, *, tempe
   return logp.reshape(b, t), ent.reshape(b, t), values
 
 
-def loss_denominators(sb: dict[str, jax.Array], cfg) -> tuple[jax.Array, jax.Array]:
-  """Global (policy, value) denominators: they depend on masks only, not on parameters."""
+def split_demo(sb: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """A shifted batch with its replayed demonstration tokens taken out of ``loss_mask`` (they
+  get no policy-gradient term) and kept as ``demo_mask`` (scored tokens only); unchanged
+  without ``DEMO_KEY``."""
+  if DEMO_KEY not in sb:
+    return sb
+  demo = sb[DEMO_KEY] * (sb["loss_mask"] > 0)
+  return dict(sb, loss_mask=sb["loss_mask"] * (1.0 - demo), **{DEMO_KEY: demo})
+
+
+def loss_denominators(sb: dict[str, jax.Array], cfg) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Global (policy, value, demonstration-replay) denominators: they depend on masks only, not
+  on parameters. The third is the number of replayed demonstration tokens (0 without any)."""
+  sb = split_demo(sb)
   zeros = jnp.zeros_like(sb["loss_mask"])
   _, d_pol = agg.aggregate(zeros, agg.token_mask(sb["loss_mask"], sb["segment_ids"]),
                            sb["segment_ids"], mode=cfg.loss.aggregation, max_len=cfg.loss.get("max_len"))
   _, d_val = agg.aggregate(zeros, agg.token_mask(sb["loss_mask"], sb["segment_ids"]),
                            sb["segment_ids"], mode="token-mean")
-  return d_pol, d_val
+  d_demo = jnp.sum(sb[DEMO_KEY]) if DEMO_KEY in sb else jnp.zeros((), jnp.float32)
+  return d_pol, d_val, d_demo
 
 
 def _split_micro(batch: Batch, n: int) -> Batch:
@@ -154,6 +172,7 @@ def _split_micro(batch: Batch, n: int) -> Batch:
   return {k: v.reshape(n, b // n, *v.shape[1:]) for k, v in batch.items() if v is not None}
 
 
+LOSS_TERMS = ("loss/policy", "loss/value", "loss/demo_nll")  # final per update, not token sums
 SCORED_CAP_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 5 / 8, 3 / 4, 7 / 8)
 
 
@@ -214,15 +233,20 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
   aux_coef = float(cfg.loss.get("router_aux_coef", 0.0) or 0.0)
   if aux_coef < 0:
     raise errors.ConfigError(f"loss.router_aux_coef={aux_coef} must be >= 0 (0 = off).")
+  demo_weight = float(cfg.loss.get("demo_replay_weight", 0.0) or 0.0)
+  if demo_weight < 0:
+    raise errors.ConfigError(f"loss.demo_replay_weight={demo_weight} must be >= 0 (0 = off).")
 
-  def micro_loss(trainable, mb, frozen, ref_params, d_pol, d_val, scored_cap, shared_prefix):
+  def micro_loss(trainable, mb, frozen, ref_params, d_pol, d_val, d_demo, scored_cap,
+                 shared_prefix):
     params = plan.forward_params(frozen, trainable["policy"])
     trunk = dict(trunk=mb[TRUNK_KEY], trunk_layer=trunk_layer) if TRUNK_KEY in mb else {}
     out = forward_logprobs(model_def, params, mb, temperature=temperature, impl=impl,
                            value_head=trainable["value_head"], scored_cap=scored_cap,
                            shared_prefix=shared_prefix, router_aux=aux_coef > 0, **trunk)
     logp, ent, values = out[:3]
-    sb = shifted(mb)
+    sb = split_demo(shifted(mb))
+    demo = sb.pop(DEMO_KEY, None)
     if ref_params is not None:  # the same frozen trunk: its states serve the reference too
       ref_logp, _, _ = forward_logprobs(model_def, plan.forward_params(frozen, ref_params), mb,
                                         temperature=temperature, impl=impl,
@@ -233,6 +257,11 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
     pl_sum, _, m = rl_losses.policy_loss(loss_name, sb, cfg.loss)
     total = pl_sum / d_pol
     m["pg_objective_sum"] = pl_sum  # merged by sum; finalized below against d_pol
+    if demo is not None:
+      nll_sum, n_demo = rl_losses.demo_replay_nll(logp, demo)
+      total = total + demo_weight * nll_sum / d_demo
+      m["demo_nll_total"] = jax.lax.stop_gradient(nll_sum)
+      m["demo_tokens"] = n_demo
     if aux_coef > 0:
       total = total + aux_coef * out[3] * m["tokens"] / d_val
       m["router_aux_loss_sum"] = jax.lax.stop_gradient(out[3]) * m["tokens"]
@@ -256,14 +285,15 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
     batch = replay_batch(batch, routing_replay)
     if denominators is None:
       denominators = loss_denominators(shifted(batch), cfg)
-    d_pol, d_val = (jnp.maximum(d, 1e-8) for d in denominators)
+    d_pol, d_val, d_demo = (jnp.maximum(d, 1e-8) for d in denominators)
     trainable = state.trainable()
     ref_params = state.ref_params
     micro = _split_micro(batch, n_micro)
 
     def body(carry, mb):
       g_acc, m_acc = carry
-      g, m = grad_fn(trainable, mb, frozen, ref_params, d_pol, d_val, scored_cap, shared_prefix)
+      g, m = grad_fn(trainable, mb, frozen, ref_params, d_pol, d_val, d_demo, scored_cap,
+                     shared_prefix)
       g_acc = jax.tree.map(jnp.add, g_acc, g)
       m_acc = m if m_acc is None else rl_metrics.merge_metrics(m_acc, m)
       return (g_acc, m_acc), None
@@ -280,6 +310,9 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
     vl = metrics.pop("vf_loss_total", None)
     if vl is not None:
       metrics["loss/value"] = vl / d_val
+    nll = metrics.pop("demo_nll_total", None)
+    if nll is not None:  # the replayed demonstrations' token NLL (the weight's multiplicand)
+      metrics["loss/demo_nll"] = nll / d_demo
     return grads, metrics
 
   def apply_grads(state: TrainState, grads):
@@ -294,7 +327,7 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
   def train_step(state: TrainState, batch: Batch, frozen: Params | None = None,
                  scored_cap: int | None = None, shared_prefix: tuple[int, int] | None = None):
     grads, metrics = batch_grads(state, batch, frozen, scored_cap, shared_prefix)
-    loss_terms = {k: metrics.pop(k) for k in ("loss/policy", "loss/value") if k in metrics}
+    loss_terms = {k: metrics.pop(k) for k in LOSS_TERMS if k in metrics}
     out = rl_metrics.finalize_metrics(metrics)
     out.update(loss_terms)
     new_state, norms = apply_grads(state, grads)
