@@ -73,11 +73,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.difficulty_max_skips = 2
   c.rollout.mask_broken_groups = True
   # How RL draws tasks: "loader" (the shuffled pool in epochs) or "pass_rate" (bugs weighted by
-  # p (1 - p) + epsilon, p an EMA of each bug's recent solve rate: trainer.pass_rate_sampler;
-  # replaces the difficulty filter). priors: a screen JSON (experiments.screen) with per-bug rates.
+  # the chance their group is mixed, "mixed", or p (1 - p), "variance", + epsilon; p an EMA of
+  # each bug's solve rate: trainer.pass_rate_sampler; replaces the difficulty filter).
+  # priors: a screen JSON (experiments.screen) with per-bug rates.
   c.rollout.sampler = "loader"
   c.rollout.pass_rate = ml_collections.ConfigDict(
-      {"prior": 0.5, "ema": 0.5, "epsilon": 0.05, "priors": "", "priors_temperature": 0.0})
+      {"weight": "mixed", "prior": 0.5, "prior_groups": 1.0, "ema": 0.3, "epsilon": 0.02,
+       "priors": "", "priors_temperature": 0.0})
 
   c.advantage = ml_collections.ConfigDict()
   c.advantage.name = "grpo"

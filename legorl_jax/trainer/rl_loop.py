@@ -30,7 +30,7 @@ from legorl_jax.rollout import filters
 from legorl_jax.trainer import batching
 from legorl_jax.rollout.runner import summarize
 from legorl_jax.rollout.trial import TrialConfig, TrialResult
-from legorl_jax.trainer import config_check, multihost, task_filter
+from legorl_jax.trainer import config_check, multihost, pass_rate_sampler, task_filter
 from legorl_jax.trainer.eval_stats import pass_at_k, solve_stats  # noqa: F401 -- re-exported
 from legorl_jax.utils import paths
 
@@ -195,7 +195,9 @@ class RolloutSource:
   far. Every trial of every round is kept and recorded; ``rollout.drop_zero_variance`` then
   leaves the uniform groups out of the update. The difficulty filter
   (``rollout.difficulty_filter``, ``task_filter.DifficultyFilter``) passes over drawn tasks
-  whose recent pass rate is 0 or 1.
+  whose recent pass rate is 0 or 1. ``rollout.sampler = "pass_rate"`` draws bugs by their
+  estimated solve rate instead of the loader's order (``pass_rate_sampler``, which absorbs the
+  filter); its per-bug visits and rates go to ``OUT_DIR/pass_rate.jsonl`` every step.
 
   Everything random in a step is a function of (``cfg.seed``, step, round), never of what this
   process did before, so a run resumed from a checkpoint samples exactly what an uninterrupted
@@ -222,20 +224,38 @@ class RolloutSource:
     self.filter = (task_filter.DifficultyFilter(int(cfg.rollout.get("difficulty_window", 2)),
                                                 int(cfg.rollout.get("difficulty_max_skips", 2)))
                    if cfg.rollout.get("difficulty_filter", False) else None)
-    if (self.max_rounds > 1 or self.filter) and multihost.multi_process():
-      raise errors.ConfigError("config rollout.max_draw_rounds > 1 and rollout.difficulty_filter "
-                               "decide from this host's results, so they are single-process only; "
-                               "set them to 1 / False on a multi-host run.")
+    self.sampler = None
+    kind = cfg.rollout.get("sampler", "loader")
+    if kind == "pass_rate":
+      if self.filter is not None:
+        raise errors.ConfigError("config rollout.sampler='pass_rate' replaces the difficulty filter; "
+                                 "set rollout.difficulty_filter=False.")
+      pool = [loader.decode(x) for x in loader.source]
+      self.sampler = pass_rate_sampler.PassRateSampler.from_config(pool, cfg)
+    elif kind != "loader":
+      raise errors.ConfigError(f"config rollout.sampler={kind!r} is invalid; choose 'loader' or "
+                               "'pass_rate'.")
+    if (self.max_rounds > 1 or self.filter or self.sampler) and multihost.multi_process():
+      raise errors.ConfigError("config rollout.max_draw_rounds > 1, rollout.difficulty_filter and "
+                               "rollout.sampler='pass_rate' decide from this host's results, so "
+                               "they are single-process only; set them to 1 / False / 'loader' on "
+                               "a multi-host run.")
 
   def load_state_dict(self, position: dict) -> None:
     """Continues from ``Collected.position`` (the loader's, with the filter's memory)."""
     self.loader.load_state_dict(position)
     if self.filter is not None:
       self.filter.load_state_dict(position.get("task_filter"))
+    if self.sampler is not None:
+      self.sampler.load_state_dict(position.get("pass_rate"))
 
-  def _draw(self, n: int, passed: collections.Counter) -> list:
-    """``n`` tasks from the loader; with the filter, drawn tasks it passes over are skipped
-    (at most ``4 n`` draws, then the rest are taken as they come)."""
+  def _draw(self, n: int, passed: collections.Counter, step: int = 0, round_: int = 0,
+            drawn: Sequence = ()) -> list:
+    """``n`` tasks: from the pass-rate sampler (bugs not in ``drawn`` this step), or from the
+    loader; with the filter, drawn tasks it passes over are skipped (at most ``4 n`` draws,
+    then the rest are taken as they come)."""
+    if self.sampler is not None:
+      return self.sampler.draw(n, step, round_, exclude={task_filter.task_key(t) for t in drawn})
     if self.filter is None:
       return self.loader.next_batch(n)
     out, draws = [], 0
@@ -257,7 +277,8 @@ class RolloutSource:
     per_round = first_draw_tasks(self.cfg)
     seed, step = int(self.cfg.seed), self.next_step
     passed = collections.Counter()
-    tasks = self._draw(per_round, passed)
+    tasks = self._draw(per_round, passed, step)
+    all_tasks = list(tasks)
     step_dir = os.path.join(self.out_dir, f"step_{step:05d}")
     if os.path.isdir(step_dir):
       cut = interrupted_records(step_dir, tasks)
@@ -285,15 +306,19 @@ class RolloutSource:
       drawn, rounds = drawn + len(tasks), rounds + 1
       round_mixed = _mixed(res)
       mixed += sum(round_mixed.values())
-      if self.filter is not None:
+      for memory in (self.filter, self.sampler):
+        if memory is None:
+          continue
         for g, task in enumerate(tasks, start=offset):
-          self.filter.record(task, [int(r.status == st.SOLVED) for r in res
-                                    if r.group == g and not st.is_infrastructure(r.status)])
+          memory.record(task, [int(r.status == st.SOLVED) for r in res
+                               if r.group == g and not st.is_infrastructure(r.status)])
       if mixed >= target or rounds >= self.max_rounds:
         break
       need = target - mixed
       rate = max(mixed / drawn, 1.0 / n)  # mixed groups per drawn task, so far this step
-      tasks = self._draw(min(per_round, max(need, math.ceil(need / rate))), passed)
+      tasks = self._draw(min(per_round, max(need, math.ceil(need / rate))), passed, step, rounds,
+                         all_tasks)
+      all_tasks += tasks
     position = self.loader.state_dict()
     if self.filter is not None:
       position["task_filter"] = self.filter.state_dict()
@@ -301,6 +326,12 @@ class RolloutSource:
                "groups_mixed": float(mixed),
                "tasks_passed_always_solved": float(passed["always_solved"]),
                "tasks_passed_never_solved": float(passed["never_solved"])}
+    if self.sampler is not None:
+      position["pass_rate"] = self.sampler.state_dict()
+      metrics.update(self.sampler.metrics())
+      os.makedirs(self.out_dir, exist_ok=True)
+      paths.append_lines(os.path.join(self.out_dir, "pass_rate.jsonl"),
+                         [json.dumps({"step": step, "bugs": self.sampler.per_bug()})])
     return Collected(results, time.perf_counter() - t0, position, metrics)
 
 
