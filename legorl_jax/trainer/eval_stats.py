@@ -1,10 +1,14 @@
 """Evaluation figures and their uncertainty: solve rate, pass@k, headroom, paired differences.
 
 Trials of one task are not independent draws of the policy's skill (a task is easy or hard for
-every sample), so standard errors here are clustered by task: the standard deviation of the
-per-task solve rates over the square root of the number of tasks. A before/after comparison is
-paired: the same tasks, each sample with the same seed at both evaluations (common random
-numbers), so its standard error is that of the per-task differences.
+every sample), so standard errors here are clustered: by task by default, or by any grouping
+of tasks given as ``cluster_of`` (``{task id: cluster}``), e.g. by bug, when a held-out set
+shows one bug under several names (``clustered_se``: the cluster-robust standard error of a
+weighted mean; with one task per cluster and equal sample counts it is the standard deviation
+of the per-task solve rates over the square root of the number of tasks). A before/after
+comparison is paired: the same tasks, each sample with the same seed at both evaluations
+(common random numbers), so its standard error is that of the per-task differences, clustered
+the same way.
 """
 
 from __future__ import annotations
@@ -41,14 +45,45 @@ def task_se(rates: Sequence[float]) -> float:
   return float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0
 
 
-def solve_stats(results: Sequence, k_values=(1,)) -> dict[str, float]:
-  """Solve rate over policy outcomes, its task-clustered standard error, pass@k per task, and
-  headroom: ``n_tasks_mixed``, the tasks solved by some samples and not others (the only ones
-  whose group carries a GRPO signal)."""
+def clustered_se(values: Sequence[float], weights: Sequence[float], clusters: Sequence) -> float:
+  """Cluster-robust (CR1) standard error of the weighted mean ``sum(w x) / sum(w)``.
+
+  Args:
+    values: per-unit figures x (e.g. a task's solve rate, or its after - before difference).
+    weights: per-unit weights w (e.g. the task's trial count: the mean is then over trials).
+    clusters: per-unit cluster labels (e.g. the task's bug); units of one cluster are not
+      independent, so their residuals add up before squaring.
+  Returns:
+    ``sqrt(G / (G - 1) * sum_g (sum_{i in g} w_i (x_i - mean))^2) / sum(w)`` with G clusters;
+    0.0 for fewer than two clusters.
+  """
+  x, w = np.asarray(values, np.float64), np.asarray(weights, np.float64)
+  labels = list(clusters)
+  groups = sorted(set(labels), key=labels.index)
+  if len(groups) < 2 or w.sum() <= 0:
+    return 0.0
+  mean = float(np.sum(w * x) / np.sum(w))
+  resid = {g: 0.0 for g in groups}
+  for xi, wi, g in zip(x, w, labels):
+    resid[g] += wi * (xi - mean)
+  g_count = len(groups)
+  var = g_count / (g_count - 1) * sum(r * r for r in resid.values()) / float(np.sum(w)) ** 2
+  return float(np.sqrt(var))
+
+
+def solve_stats(results: Sequence, k_values=(1,),
+                cluster_of: Mapping[str, str] | None = None) -> dict[str, float]:
+  """Solve rate over policy outcomes, its clustered standard error (by task, or by
+  ``cluster_of[task id]``: ``clustered_se``), pass@k per task, and headroom: ``n_tasks_mixed``,
+  the tasks solved by some samples and not others (the only ones whose group carries a GRPO
+  signal), and ``n_clusters``."""
   by_task = outcomes_by_task(results)
   flat = [x for v in by_task.values() for x in v]
+  labels = [(cluster_of or {}).get(t, t) for t in by_task]
   out = {"solve_rate": float(np.mean(flat)) if flat else 0.0,
-         "solve_rate_se": task_se([np.mean(v) for v in by_task.values()]),
+         "solve_rate_se": clustered_se([np.mean(v) for v in by_task.values()],
+                                       [len(v) for v in by_task.values()], labels),
+         "n_clusters": len(set(labels)),
          "n_tasks": len(by_task), "n_trials": len(flat),
          "n_tasks_mixed": sum(1 for v in by_task.values() if 0 < sum(v) < len(v))}
   for k in k_values:
@@ -58,14 +93,15 @@ def solve_stats(results: Sequence, k_values=(1,)) -> dict[str, float]:
   return out
 
 
-def set_figures(results: Sequence, *, greedy: bool, samples: int, prefix: str = "") -> dict:
+def set_figures(results: Sequence, *, greedy: bool, samples: int, prefix: str = "",
+                cluster_of: Mapping[str, str] | None = None) -> dict:
   """The figures one evaluation reports for one held-out set and mode, under ``prefix``
   (``""`` for the main set, ``"MODE/"`` for another): greedy gives ``greedy_solve_rate``;
-  sampled gives ``solve_rate``, ``solve_rate_se``, ``pass@SAMPLES``, ``n_trials`` and
-  ``n_tasks_mixed``."""
+  sampled gives ``solve_rate``, ``solve_rate_se`` (clustered by ``cluster_of``, default by
+  task), ``pass@SAMPLES``, ``n_trials`` and ``n_tasks_mixed``."""
   if greedy:
     return {f"{prefix}greedy_solve_rate": solve_stats(results)["solve_rate"]}
-  stats = solve_stats(results, k_values=sorted({1, samples}))
+  stats = solve_stats(results, k_values=sorted({1, samples}), cluster_of=cluster_of)
   return {f"{prefix}solve_rate": stats["solve_rate"],
           f"{prefix}solve_rate_se": stats["solve_rate_se"],
           f"{prefix}pass@{samples}": stats.get(f"pass@{samples}", stats["solve_rate"]),
@@ -73,21 +109,40 @@ def set_figures(results: Sequence, *, greedy: bool, samples: int, prefix: str = 
           f"{prefix}n_tasks_mixed": stats["n_tasks_mixed"]}
 
 
-def paired_difference(before: Mapping[str, Sequence[int]], after: Mapping[str, Sequence[int]]
-                      ) -> dict[str, float]:
+def paired_difference(before: Mapping[str, Sequence[int]], after: Mapping[str, Sequence[int]],
+                      cluster_of: Mapping[str, str] | None = None) -> dict[str, float]:
   """after - before on the tasks both evaluated: the difference of solve rates (trials weighted
-  alike), its paired standard error (per-task differences), and ``z`` = difference / SE (None
-  where the SE is 0; every figure None without a common task: summary.json stays plain JSON)."""
+  alike), its paired standard error (per-task differences, clustered by ``cluster_of[task]``,
+  default by task: ``clustered_se``), and ``z`` = difference / SE (None where the SE is 0;
+  every figure None without a common task: summary.json stays plain JSON)."""
   common = [t for t in before if t in after and before[t] and after[t]]
   if not common:
-    return {"delta": None, "delta_se": None, "z": None, "n_tasks": 0}
+    return {"delta": None, "delta_se": None, "z": None, "n_tasks": 0, "n_clusters": 0}
   b = np.array([np.mean(before[t]) for t in common])
   a = np.array([np.mean(after[t]) for t in common])
   w = np.array([len(before[t]) for t in common], np.float64)
   delta = float(np.sum((a - b) * w) / np.sum(w))
-  se = task_se(a - b)
+  labels = [(cluster_of or {}).get(t, t) for t in common]
+  se = clustered_se(a - b, w, labels)
   return {"delta": delta, "delta_se": se, "z": delta / se if se > 0 else None,
-          "n_tasks": len(common)}
+          "n_tasks": len(common), "n_clusters": len(set(labels))}
+
+
+def paired_figures(before: Mapping, now: Mapping, modes: Sequence[str]) -> dict:
+  """An evaluation's paired gain over the evaluation before RL, per held-out set (``""``: the
+  main one; figures ``[MODE/]solve_rate_delta``, ``..._delta_se``, ``..._delta_z``), for the
+  metrics of the evaluations along the run. Sets missing from either evaluation are skipped."""
+  out = {}
+  for mode in modes:
+    b = (before.get("outcomes") or {}).get(mode)
+    a = (now.get("outcomes") or {}).get(mode)
+    if not (a and b):
+      continue
+    p = paired_difference(b, a, (before.get("clusters") or {}).get(mode))
+    key = f"{mode}/" if mode else ""
+    out.update({f"{key}solve_rate_delta": p["delta"], f"{key}solve_rate_delta_se": p["delta_se"],
+                f"{key}solve_rate_delta_z": p["z"]})
+  return out
 
 
 SUMMARY_FIGURES = ("solve_rate", "solve_rate_se", "greedy_solve_rate", "pass@{n}", "n_tasks_mixed")
@@ -107,7 +162,8 @@ def summary_fields(before: Mapping, after: Mapping, modes: Sequence[str], sample
       out[f"{pre_name}{figure}_after_rl"] = after.get(f"{pre_key}{figure}")
     b = (before.get("outcomes") or {}).get(mode)
     a = (after.get("outcomes") or {}).get(mode)
-    paired = paired_difference(b, a) if a and b else {}
+    clusters = (before.get("clusters") or {}).get(mode)
+    paired = paired_difference(b, a, clusters) if a and b else {}
     out[f"{pre_name}solve_rate_delta_rl"] = paired.get("delta")
     out[f"{pre_name}solve_rate_delta_se_rl"] = paired.get("delta_se")
     out[f"{pre_name}solve_rate_delta_z_rl"] = paired.get("z")

@@ -38,7 +38,7 @@ from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sandbox import SandboxConfig
 from legorl_jax.sharding import distributed
 from legorl_jax.trainer import config_check, eval_stats, multihost, rl_loop, sft as sft_lib
-from legorl_jax.trainer import demo_replay, kl_guard
+from legorl_jax.trainer import demo_replay, kl_guard, task_filter
 # Re-exported: the experiments and benchmarks take the run's task sets from here.
 from legorl_jax.trainer.task_sets import (HELD_OUT_MODES, extra_held_out_sets,  # noqa: F401
                                           held_out_tasks, load_tasks)
@@ -138,21 +138,25 @@ def evaluate_held_out(service, tasks, extra_sets, adapter, trial_cfg, cfg, out_d
       parts.append((i, 1, "greedy", 0.0, os.path.join(d, "greedy")))
   results = _eval_pool([(sets[i][1], adapter, k, service.proxy(name, temp), d)
                         for i, k, name, temp, d in parts], trial_cfg, cfg, out_dir, label=phase)
-  out: dict = {"outcomes": {}}
+  # Standard errors are clustered by bug (a synthetic bug under several names is one cluster).
+  clusters = {mode: {t.id: task_filter.task_key(t) for t in set_tasks}
+              for mode, set_tasks, _, _ in sets}
+  out: dict = {"outcomes": {}, "clusters": clusters}
   for (i, k, name, temp, _), res in zip(parts, results):
     mode, _, _, set_phase = sets[i]
     if trials_path:
       rl_loop.append_trials(trials_path, res, step=step, phase=set_phase, temperature=temp)
     out.update(eval_stats.set_figures(res, greedy=name == "greedy", samples=k,
-                                      prefix=f"{mode}/" if mode else ""))
+                                      prefix=f"{mode}/" if mode else "", cluster_of=clusters[mode]))
     if name != "greedy":  # per-task outcomes, for the paired before/after comparison
       out["outcomes"][mode] = eval_stats.outcomes_by_task(res)
   return out
 
 
 def scalars(figures: dict) -> dict:
-  """An evaluation's figures without its per-task ``outcomes``: what the metrics get."""
-  return {k: v for k, v in figures.items() if k != "outcomes"}
+  """An evaluation's figures without its per-task ``outcomes`` and ``clusters``: what the
+  metrics get."""
+  return {k: v for k, v in figures.items() if k not in ("outcomes", "clusters")}
 
 
 def policy_name(cfg) -> str:
@@ -346,7 +350,7 @@ def run(cfg, workdir: str) -> dict:
     rl_summary = _rl(cfg=cfg, learner=learner, service=service, loader=loader,
                      adapter_for=adapter_for, trial_cfg=trial_cfg, writer=writer, ckpt=ckpt,
                      run_state=run_state, workdir=workdir, val_tasks=val_tasks,
-                     eval_adapter=eval_adapter, trials_path=trials_path)
+                     eval_adapter=eval_adapter, trials_path=trials_path, extra_sets=extra_sets)
     summary.update(rl_summary)
     if "rl_s" in rl_summary:
       wall["rl"] = rl_summary["rl_s"]
@@ -386,9 +390,14 @@ def run(cfg, workdir: str) -> dict:
 
 
 def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
-        run_state: RunState, workdir: str, val_tasks, eval_adapter, trials_path) -> dict:
+        run_state: RunState, workdir: str, val_tasks, eval_adapter, trials_path,
+        extra_sets=None) -> dict:
   """The RL phase from ``run_state.rl_step`` to ``trainer.steps``; updates ``run_state`` after
-  every step and checkpoints it with the weights. Returns the phase's wall and CPU seconds."""
+  every step and checkpoints it with the weights. Returns the phase's wall and CPU seconds.
+
+  Every ``eval.every`` steps the main held-out set (every set with ``eval.every_all_sets``) is
+  evaluated with the seeds of the evaluation before RL, and its paired gain over it
+  (``eval_stats.paired_figures``) joins the step's ``eval`` metrics."""
   from legorl_jax.metrics.progress import TrialProgress
 
   steps = int(cfg.trainer.steps)
@@ -458,10 +467,12 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
       if step % max(1, int(cfg.checkpoint.every)) == 0 or step == steps:
         ckpt.save(step, learner.state, host=run_state.to_json(), metrics={"solve_rate": metrics["solve_rate"]})
       if int(cfg.eval.every) and step % int(cfg.eval.every) == 0 and step != steps:
-        ev = evaluate(service, val_tasks, eval_adapter, trial_cfg, cfg,
-                      distributed.host_local_dir(workdir, f"eval/step_{step}"), trials_path=trials_path,
-                      step=step, phase="eval")
-        writer.write(step, scalars(ev), phase="eval")
+        sets = (extra_sets or {}) if cfg.eval.get("every_all_sets", False) else {}
+        ev = evaluate_held_out(service, val_tasks, sets, eval_adapter, trial_cfg, cfg,
+                               distributed.host_local_dir(workdir, f"eval/step_{step}"),
+                               trials_path=trials_path, step=step, phase="eval")
+        gain = eval_stats.paired_figures(run_state.before or {}, ev, ("", *sets))
+        writer.write(step, {**scalars(ev), **gain}, phase="eval")
       profile.start()
   finally:
     if producer is not None:

@@ -53,7 +53,11 @@ def held_out_tasks(cfg, mode: str | None = None):
   under names (package, module, variables) that no training task uses, which measures whether
   the policy reads the repository it is given rather than recalling the ones it trained on;
   "names_rl" / "names_demo": the same, for the RL-only bugs / the bugs with demonstrations
-  (needs ``tasks.rl_bugs_percent``)."""
+  (needs ``tasks.rl_bugs_percent``).
+
+  ``tasks.held_out_distinct_bugs``: a "names*" set holds at most one task per bug, so its
+  ``num_val`` tasks are ``num_val`` different bugs (the pool's variants would otherwise show
+  some bugs twice, under two names: fewer independent clusters for the same trials)."""
   mode = mode or cfg.tasks.get("held_out", "templates")
   n, seed, difficulty = int(cfg.tasks.num_val), int(cfg.seed), cfg.tasks.difficulty
   if mode == "templates":
@@ -69,9 +73,28 @@ def held_out_tasks(cfg, mode: str | None = None):
                                "of training bugs kept for RL only); set it, or use 'names'.")
     want_rl = mode == "names_rl"
     keep, subset = (lambda t: is_rl_bug(t, percent) == want_rl), f" ({mode})"
+  if cfg.tasks.get("held_out_distinct_bugs", False):
+    keep, subset = _first_of_each_bug(keep), subset + " (one task per bug)"
   return synthetic.generate_tasks(n, seed=seed + 1, difficulty=difficulty, split="train",
                                   variants=2, first_variant=max(1, int(cfg.tasks.get("variants", 1))),
                                   keep=keep, subset=subset)
+
+
+def _first_of_each_bug(keep):
+  """A pool filter that passes what ``keep`` passes (everything when None), and of each bug
+  only the first such task (the pool is scanned once, in its fixed order)."""
+  seen = set()
+
+  def first(task) -> bool:
+    if keep is not None and not keep(task):
+      return False
+    key = bug_key(task)
+    if key in seen:
+      return False
+    seen.add(key)
+    return True
+
+  return first
 
 
 def extra_held_out_sets(cfg) -> dict[str, list]:

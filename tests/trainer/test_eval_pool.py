@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from legorl_jax.taskgen.synthetic.generator import bug_key
 from legorl_jax.trainer import multihost
 from legorl_jax.rewards import status as st
 
@@ -81,6 +82,9 @@ def test_one_pool_gives_the_figures_and_trials_of_one_pool_per_set_and_mode(tmp_
                                      str(tmp_path / "one"), trials_path=str(trials), phase="ev")
   finally:
     service.close()
+  # Each set's tasks by bug: the clusters of its standard errors (one task per bug here).
+  assert got.pop("clusters") == {m: {t.id: bug_key(t) for t in ts}
+                                 for m, ts in (("", tasks), ("templates", extra["templates"]))}
   assert got == want
   lines = _lines(trials)
   assert [(l["phase"], l["temperature"]) for l in lines] == (
