@@ -1,7 +1,9 @@
 r"""Supervised warm start from recorded trajectories.
 
 Collects scripted demonstrations through the configured harness (or reads ``--demos``), trains
-with token NLL on the sampled tokens, and saves the policy as a Hugging Face checkpoint.
+with token NLL on the sampled tokens, and saves the policy as a Hugging Face checkpoint; with
+``sft.save_at`` also after those steps, in ``WORKDIR/sft_checkpoints/step_N`` (the candidates
+of ``experiments.screen``).
 
   python -m experiments.sft --config=experiments/configs/demo.py --workdir=/tmp/sft --out=/tmp/sft/hf
   python -m experiments.sft --config=experiments/configs/demo.py --workdir=/tmp/sft \
@@ -30,11 +32,12 @@ def main(argv):
   from legorl_jax.models import save_pretrained
   from legorl_jax.rollout.trial import TrialConfig
   from legorl_jax.sandbox import SandboxConfig
-  from legorl_jax.trainer import config_check, pipeline, sft
+  from legorl_jax.trainer import config_check, pipeline, screen, sft
   from legorl_jax.trainer.learner import Learner
 
   cfg = FLAGS.config
   config_check.validate(cfg)
+  screen.save_at_steps(cfg)  # a malformed sft.save_at fails before any work
   os.makedirs(FLAGS.workdir, exist_ok=True)
   model, tokenizer = pipeline.build_policy(cfg)
   if cfg.sft.demos:
@@ -56,6 +59,9 @@ def main(argv):
 
   def on_step(step, m):
     writer.write(step, m, phase="sft")
+    saved = screen.save_if_due(learner, step + 1, cfg, FLAGS.workdir, tokenizer)
+    if saved:
+      print(f"[sft {step + 1:4d}] saved {saved}", flush=True)
     if step % 10 == 0:
       print(f"[sft {step:4d}] nll {m['nll']:.4f}", flush=True)
 

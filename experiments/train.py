@@ -5,6 +5,8 @@ r"""Harness-native RL training.
       --config.trainer.mode=async --config.trainer.steps=20
 
 Running again with the same ``--workdir`` resumes from its latest checkpoint.
+``--from_screen=SFT_WORKDIR/screen/screen.json`` starts RL from the screen's top-ranked SFT
+checkpoint at its temperature (``experiments.screen``; no SFT phase).
 """
 
 import json
@@ -16,6 +18,8 @@ from ml_collections import config_flags
 
 config_flags.DEFINE_config_file("config", "experiments/configs/demo.py", "Training config file.")
 flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, trials, summary).")
+flags.DEFINE_string("from_screen", None, "A screen's JSON: start from its best checkpoint and "
+                    "temperature (experiments.screen).")
 flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
 
@@ -29,7 +33,12 @@ def main(argv):
   from legorl_jax.trainer import pipeline
   from legorl_jax.metrics import plot
 
-  summary = pipeline.run(FLAGS.config, FLAGS.workdir)
+  cfg = FLAGS.config
+  if FLAGS.from_screen:
+    from legorl_jax.trainer import screen
+    cfg = screen.apply_best(cfg, FLAGS.from_screen)
+    print(f"from the screen: {cfg.model.checkpoint} at T={cfg.sampling.temperature:g}", flush=True)
+  summary = pipeline.run(cfg, FLAGS.workdir)
   if not distributed.is_coordinator():
     return  # process 0 reports for the whole run
   print(json.dumps(summary, indent=2, sort_keys=True))
@@ -37,7 +46,7 @@ def main(argv):
   print(f"curves: {path}")
   before, after = summary.get("val_solve_rate_before_rl"), summary.get("val_solve_rate_after_rl")
   if before is not None and after is not None:
-    print(f"held-out solve rate at T={FLAGS.config.sampling.temperature}: "
+    print(f"held-out solve rate at T={cfg.sampling.temperature}: "
           f"{before:.3f} before RL -> {after:.3f} after RL ({100 * (after - before):+.1f} points)")
 
 

@@ -38,7 +38,7 @@ from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sandbox import SandboxConfig
 from legorl_jax.sharding import distributed
 from legorl_jax.trainer import config_check, eval_stats, multihost, rl_loop, sft as sft_lib
-from legorl_jax.trainer import demo_replay, kl_guard, task_filter
+from legorl_jax.trainer import demo_replay, kl_guard, screen, task_filter
 # Re-exported: the experiments and benchmarks take the run's task sets from here.
 from legorl_jax.trainer.task_sets import (HELD_OUT_MODES, extra_held_out_sets,  # noqa: F401
                                           held_out_tasks, load_tasks)
@@ -290,8 +290,12 @@ def run(cfg, workdir: str) -> dict:
       sft_cfg = sft_config(cfg)
       sft_learner = learner.with_config(sft_cfg, seed=int(cfg.seed))
       sft_progress = PhaseProgress("sft", int(cfg.sft.steps), unit="steps")
+      screen.save_at_steps(cfg)  # a malformed sft.save_at fails before the first step
+      save_here = distributed.is_coordinator() and not paths.is_remote(workdir)
 
       def on_step(step, m):
+        if save_here:  # the policy along the way (sft.save_at): the screen's candidates
+          screen.save_if_due(sft_learner, step + 1, cfg, workdir, tokenizer)
         checked = "check/greedy_exact" in m
         if step % 10 == 0 or step == int(cfg.sft.steps) - 1 or checked:
           writer.write(step, m, phase="sft")

@@ -1,4 +1,5 @@
-"""A real toy run that replays demonstrations in RL and is stopped by the KL guard.
+"""A real toy run that saves its SFT policy along the way, replays demonstrations in RL and is
+stopped by the KL guard.
 
 ``trainer.max_kl`` far below what one step at a high learning rate moves: the run must stop at
 RL step 1 with ``KLBoundError`` naming the step, the KL and the flag, after writing the step's
@@ -15,7 +16,8 @@ from tests.trainer.test_pipeline import _lines, _train
 def test_kl_guard_stops_a_run_that_replays_demos(tmp_path):
   r = _train(tmp_path, "--config.trainer.steps=3", "--config.eval.before_after=False",
              "--config.optim.learning_rate=0.05", "--config.trainer.max_kl=1e-9",
-             "--config.loss.demo_replay_weight=0.1", "--config.loss.demo_replay_seqs=2")
+             "--config.loss.demo_replay_weight=0.1", "--config.loss.demo_replay_seqs=2",
+             "--config.sft.save_at=(2,)")
   assert r.returncode != 0, r.stdout[-2000:]
   assert "KLBoundError" in r.stderr and "RL step 1" in r.stderr and "trainer.max_kl" in r.stderr, \
       r.stderr[-3000:]
@@ -25,3 +27,6 @@ def test_kl_guard_stops_a_run_that_replays_demos(tmp_path):
   assert m["kl_to_start_k3"] > 1e-9 and m["entropy"] > 0
   assert m["demo_replay_sequences"] == 2 and m["loss/demo_nll"] > 0 and m["demo_tokens"] > 0
   assert not (tmp_path / "summary.json").exists()
+  # sft.save_at: the policy after SFT step 2 of 3, as a checkpoint the screen can load.
+  assert (tmp_path / "sft_checkpoints" / "step_2" / "config.json").exists()
+  assert not (tmp_path / "sft_checkpoints" / "step_3").exists()
