@@ -78,6 +78,8 @@ class ProxyServer:
     self.service = ProxyService(backend, tokenizer, config, chat_template=chat_template)
     self.config = self.service.config
     self.host, self.port, self.uds = host, port, uds
+    # (bind host, port) of the listener ``listen_tcp`` opened on a running server, if any.
+    self.tcp_listener: tuple[str, int] | None = None
     self._responses: collections.OrderedDict = collections.OrderedDict()
     self._runner: web.AppRunner | None = None
     self._loop: asyncio.AbstractEventLoop | None = None
@@ -140,6 +142,35 @@ class ProxyServer:
       self._thread = None
       raise errors.ProxyError(f"The proxy server could not start: {failure[0]}", status=500)
     return self
+
+  def listen_tcp(self, host: str = "0.0.0.0", port: int = 0, timeout: float = 30.0
+                 ) -> tuple[str, int]:
+    """Also serves this running server on TCP ``host:port`` (0: a free port); returns the
+    (host, port) it listens on. For clients on other machines (trials on Ray worker nodes,
+    ``rollout.ray_backend``) when the server was started with a Unix socket only. Once per
+    server: a second call returns the first listener. A server started with a TCP port
+    already returns that."""
+    if self.port is not None:
+      return self.host, self.port
+    if self.tcp_listener is not None:
+      return self.tcp_listener
+    if self._loop is None or self._runner is None:
+      raise errors.ProxyError("listen_tcp needs a running server: call start() first.",
+                              status=500)
+
+    async def open_site():
+      site = web.TCPSite(self._runner, host, port, reuse_address=True)
+      await site.start()
+      return site._server.sockets[0].getsockname()[1]  # noqa: SLF001 -- port 0 -> real
+
+    try:
+      real = asyncio.run_coroutine_threadsafe(open_site(), self._loop).result(timeout)
+    except OSError as e:
+      raise errors.ConfigError(
+          f"The proxy cannot listen on {host}:{port} for remote trials: {e}. Choose another "
+          "port (--config.proxy.advertise_port, or 0 for a free one).") from e
+    self.tcp_listener = (host, int(real))
+    return self.tcp_listener
 
   def stop(self):
     if self._thread is None:

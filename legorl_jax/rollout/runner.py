@@ -8,6 +8,11 @@ final. Only the last attempt of each job is counted. Every attempt is appended t
 ``out_dir/trials.jsonl`` as it finishes (one ``TrialResult.record()`` per line, ``final``
 marking the counted one) and ``out_dir/summary.json`` holds the totals.
 
+Where attempts run: here, on the pool's threads (the default), or, with ``backend=`` a
+``rollout.ray_backend.RayTrialBackend``, as Ray tasks on a cluster, each pool thread waiting
+for one; the retry rules, records and callbacks are the same either way, and a retry is sent
+to a node other than the ones its earlier attempts failed on (``TrialResult.node``).
+
 The training loop reuses this with its own callback (``on_result``) to collect trajectories.
 A job with a ``seed`` gets a seeded proxy session (``ProxyService.set_session_seed``, attempt
 ``a`` seeded with ``derive_seed(seed, a)``), so its sampled tokens are reproducible.
@@ -101,14 +106,21 @@ def check_local_verifiers(tasks: Sequence[Task], sandbox: SandboxConfig) -> None
 def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: str, *,
                concurrency: int = 2, max_retries: int = 1,
                on_result: Callable[[TrialResult], None] | None = None,
-               extra_summary: dict[str, Any] | None = None) -> list[TrialResult]:
+               extra_summary: dict[str, Any] | None = None,
+               backend=None) -> list[TrialResult]:
   """Runs ``jobs`` (``concurrency`` at a time); returns the final result of each, in order.
 
   Writes ``out_dir/trials.jsonl`` (every attempt, as it finishes) and ``out_dir/summary.json``
   (``summarize`` of the final results plus ``extra_summary``). ``on_result`` sees each final
-  result (with its in-memory trajectory) on the worker thread that produced it.
+  result (with its in-memory trajectory) on the worker thread that produced it. ``backend``:
+  None runs attempts on this machine; a ``RayTrialBackend`` on its cluster (``prepare``d here,
+  so an unreachable proxy fails before the first trial).
   """
-  check_local_verifiers([j.task for j in jobs], config.sandbox)
+  if backend is None:
+    check_local_verifiers([j.task for j in jobs], config.sandbox)
+  else:  # the workers' interpreters matter there, and the proxy must be reachable from them
+    backend.prepare([proxy if j.proxy is None else j.proxy for j in jobs], config,
+                    [j.task for j in jobs])
   os.makedirs(out_dir, exist_ok=True)
   trials_path = os.path.join(out_dir, "trials.jsonl")
   lock = threading.Lock()
@@ -124,12 +136,15 @@ def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: st
     except OSError as e:  # e.g. disk full: the run goes on, the result is still returned
       log.error("could not append trial %s to %s: %s", res.trial_id, trials_path, e)
 
-  def attempt_once(job: TrialJob, attempt: int) -> TrialResult:
+  def attempt_once(job: TrialJob, attempt: int, failed_nodes: list[str]) -> TrialResult:
+    seed = None if job.seed is None else derive_seed(job.seed, attempt)
+    job_proxy = proxy if job.proxy is None else job.proxy
     try:
-      return run_trial(job.task, job.adapter, proxy if job.proxy is None else job.proxy, config,
-                       job.out_dir or out_dir, group=job.group,
-                       attempt=attempt,
-                       seed=None if job.seed is None else derive_seed(job.seed, attempt))
+      if backend is not None:
+        return backend.run_attempt(job, job_proxy, config, job.out_dir or out_dir,
+                                   attempt=attempt, seed=seed, avoid_nodes=failed_nodes)
+      return run_trial(job.task, job.adapter, job_proxy, config, job.out_dir or out_dir,
+                       group=job.group, attempt=attempt, seed=seed)
     except Exception as e:  # noqa: BLE001 -- run_trial should not raise; if it does, count it
       log.exception("trial of %s (%s) raised", job.task.id, job.adapter.name)
       return TrialResult(trial_id=f"{job.task.id.replace('/', '_')}.{uuid.uuid4().hex[:8]}",
@@ -138,10 +153,12 @@ def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: st
                          error=f"trial raised {type(e).__name__}: {e}")
 
   def one(job: TrialJob) -> TrialResult:
-    attempt = 0
+    attempt, failed_nodes = 0, []
     while True:
-      res = attempt_once(job, attempt)
+      res = attempt_once(job, attempt, failed_nodes)
       retry = res.infrastructure_failure and attempt < max_retries
+      if res.infrastructure_failure and res.node:
+        failed_nodes.append(res.node)
       if retry:
         log.warning("trial %s (%s, attempt %d) ended with %s, retrying: %s", res.trial_id,
                     res.harness, attempt, res.status, res.error[:300])

@@ -57,6 +57,8 @@ class TrialResult:
   durations: dict[str, float] = dataclasses.field(default_factory=dict)
   verifier: dict[str, Any] = dataclasses.field(default_factory=dict)
   error: str = ""
+  # The Ray node id the trial ran on (``rollout.backend="ray"``); "" on the local thread pool.
+  node: str = ""
   log_paths: dict[str, str] = dataclasses.field(default_factory=dict)
   trajectory_path: str = ""
   trajectory: Trajectory | None = dataclasses.field(default=None, repr=False)
@@ -91,12 +93,16 @@ def _tail(path: str) -> str:
     return ""
 
 
+def new_trial_id(task: Task) -> str:
+  return f"{task.id.replace('/', '_')}.{uuid.uuid4().hex[:8]}"
+
+
 def run_trial(task: Task, adapter: hbase.HarnessAdapter, proxy, config: TrialConfig,
               out_dir: str, *, group: int = -1, attempt: int = 0,
               seed: int | None = None) -> TrialResult:
   """Runs one trial end to end and always returns a ``TrialResult`` (never raises for a bad
   task, harness or sandbox). ``proxy`` is a started ``ProxyServer`` with a Unix socket."""
-  trial_id = f"{task.id.replace('/', '_')}.{uuid.uuid4().hex[:8]}"
+  trial_id = new_trial_id(task)
   tdir = os.path.join(out_dir, trial_id)
   os.makedirs(tdir, exist_ok=True)
   res = TrialResult(trial_id=trial_id, task_id=task.id, harness=adapter.name,
@@ -105,13 +111,52 @@ def run_trial(task: Task, adapter: hbase.HarnessAdapter, proxy, config: TrialCon
                    "stderr": os.path.join(tdir, "harness.stderr")}
   t0 = time.perf_counter()
   handle = None
+  try:
+    handle = open_session(proxy, seed)
+    execute_trial(res, task, adapter, config, tdir, proxy_socket=proxy.uds,
+                  session_id=handle.session_id, token=handle.token)
+  except Exception as e:  # noqa: BLE001 -- a trial never takes the run down
+    res.status = st.SANDBOX_ERROR
+    res.error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"
+  finally:
+    if handle is not None:
+      close_session(res, proxy, handle.session_id, tdir, config.keep_trajectory_files)
+    res.durations["total_s"] = time.perf_counter() - t0
+  return res
+
+
+def open_session(proxy, seed: int | None):
+  """A new proxy session for one trial (where the proxy runs: token ids stay there)."""
+  handle = proxy.create_session()
+  if seed is not None:  # reproducible sampling (ProxyService.set_session_seed)
+    proxy.service.set_session_seed(handle.session_id, seed)
+  return handle
+
+
+def close_session(res: TrialResult, proxy, session_id: str, tdir: str, keep_file: bool) -> None:
+  """Pops the session and attaches its recording to ``res`` (never raises)."""
+  try:
+    _collect_trajectory(res, proxy, session_id, tdir, keep_file)
+  except Exception as e:  # noqa: BLE001 -- e.g. disk full: the record still gets out
+    log.warning("trial %s: keeping its trajectory failed: %s", res.trial_id, e)
+    res.error += f"; trajectory not kept: {type(e).__name__}: {e}"
+
+
+def execute_trial(res: TrialResult, task: Task, adapter: hbase.HarnessAdapter,
+                  config: TrialConfig, tdir: str, *, proxy_socket: str | None, session_id: str,
+                  token: str) -> None:
+  """The part of a trial that runs where the sandbox is: create it, run the harness against
+  the session at ``proxy_socket`` (a Unix socket that reaches the proxy), verify, destroy.
+  Fills ``res`` (status, reward, exit code, durations, log paths under ``tdir``); never
+  raises. Split from ``run_trial`` so a remote worker (``rollout.ray_worker``) runs exactly
+  this while the session and its recording stay with the proxy."""
+  res.log_paths = {"stdout": os.path.join(tdir, "harness.stdout"),
+                   "stderr": os.path.join(tdir, "harness.stderr")}
+  t0 = time.perf_counter()
   sandbox = None
   try:
-    handle = proxy.create_session()
-    if seed is not None:  # reproducible sampling (ProxyService.set_session_seed)
-      proxy.service.set_session_seed(handle.session_id, seed)
     sb_cfg = dataclasses.replace(
-        config.sandbox, proxy_socket=proxy.uds,
+        config.sandbox, proxy_socket=proxy_socket,
         ro_mounts=tuple(config.sandbox.ro_mounts) + tuple(adapter.ro_mounts()))
     # Some runtimes (Bun-compiled CLIs) commit more address space than a task's default
     # memory limit allows; the adapter names its floor.
@@ -122,11 +167,10 @@ def run_trial(task: Task, adapter: hbase.HarnessAdapter, proxy, config: TrialCon
       sandbox = create_sandbox(task, sb_cfg)
     except errors.LegorlError as e:
       res.status, res.error = st.SANDBOX_ERROR, f"sandbox creation failed: {e}"
-      return res
+      return
     res.durations["sandbox_s"] = time.perf_counter() - t0
 
-    endpoint = hbase.Endpoint(root=f"{sandbox.proxy_url}/sess/{handle.session_id}",
-                              token=handle.token)
+    endpoint = hbase.Endpoint(root=f"{sandbox.proxy_url}/sess/{session_id}", token=token)
     spec = adapter.launch(task.instruction, endpoint, home=sandbox.home, workdir=sandbox.workdir,
                           max_turns=config.max_turns, temperature=config.temperature)
     sandbox.write_files(spec.files)
@@ -180,14 +224,6 @@ def run_trial(task: Task, adapter: hbase.HarnessAdapter, proxy, config: TrialCon
       except Exception as e:  # noqa: BLE001
         log.warning("sandbox %s destroy failed: %s", sandbox.id, e)
         res.error += f"; destroy failed: {e}"
-    if handle is not None:
-      try:
-        _collect_trajectory(res, proxy, handle.session_id, tdir, config.keep_trajectory_files)
-      except Exception as e:  # noqa: BLE001 -- e.g. disk full: the record still gets out
-        log.warning("trial %s: keeping its trajectory failed: %s", trial_id, e)
-        res.error += f"; trajectory not kept: {type(e).__name__}: {e}"
-    res.durations["total_s"] = time.perf_counter() - t0
-  return res
 
 
 def _collect_trajectory(res: TrialResult, proxy, session_id: str, tdir: str, keep_file: bool):

@@ -1,0 +1,234 @@
+"""Trials on a real multi-node Ray cluster (``rollout.backend="ray"``), on this machine.
+
+One module-scoped cluster: a head with no CPUs (nothing runs there) and two worker nodes of one
+CPU each, every one its own raylet and object store, so a trial really is scheduled onto a
+node, fetches its task from the object store, reaches the proxy over TCP and sends its record
+back. The scripted policy solves through the built-in harness: the Ray backend must give the
+same statuses, tokens and ``trials.jsonl`` records as the thread pool for the same seeds. The
+node-kill test removes a worker node (SIGKILL of its raylet) while the harness waits on the
+model: the attempt must be recorded as infrastructure with that node, retried on the other
+node, counted once, and leave nothing behind. It runs last (the cluster gets its node back).
+"""
+
+import glob
+import json
+import os
+import socket
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from legorl_jax import errors  # noqa: E402
+from legorl_jax.harnesses.builtin import BuiltinAdapter  # noqa: E402
+from legorl_jax.models.tokenizer import load_tokenizer  # noqa: E402
+from legorl_jax.proxy import ScriptedBackend  # noqa: E402
+from legorl_jax.rewards import status as st  # noqa: E402
+from legorl_jax.rollout import ray_worker  # noqa: E402
+from legorl_jax.rollout.ray_backend import RayOptions, RayTrialBackend  # noqa: E402
+from legorl_jax.rollout.runner import TrialJob, run_trials  # noqa: E402
+from legorl_jax.rollout.trial import TrialConfig  # noqa: E402
+from legorl_jax.sandbox import SandboxConfig  # noqa: E402
+from legorl_jax.taskgen.synthetic import generate_tasks  # noqa: E402
+from legorl_jax.trainer.policy_service import scripted_proxy  # noqa: E402
+from tests.reliability import faultkit  # noqa: E402
+
+NODE_ARGS = dict(num_cpus=1, resources={"sandbox": 1}, object_store_memory=80 << 20)
+# Fields of a trials.jsonl line that differ between any two runs, or say where it ran.
+VOLATILE = ("trial_id", "durations", "log_paths", "trajectory_path", "node")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  c = Cluster(initialize_head=True, head_node_args=dict(
+      num_cpus=0, include_dashboard=False, object_store_memory=80 << 20))
+  for _ in range(2):
+    c.add_node(**NODE_ARGS)
+  ray.init(address=c.address, log_to_driver=False, logging_level="warning")
+  c.wait_for_nodes()
+  yield c
+  ray.shutdown()
+  c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def docker_engine():
+  if faultkit.docker_client() is None:
+    pytest.skip("no Docker engine (`bash .ci/setup_system.sh` starts one)")
+
+
+@pytest.fixture(scope="module")
+def tasks():
+  return generate_tasks(3, seed=11, difficulty="hinted")
+
+
+@pytest.fixture(scope="module")
+def policy(tasks):
+  return faultkit.FaultPolicy(tasks)
+
+
+@pytest.fixture(scope="module")
+def proxy(policy, tmp_path_factory):
+  p = scripted_proxy(load_tokenizer(), policy.reply, str(tmp_path_factory.mktemp("sock")))
+  yield p
+  p.stop()
+
+
+def _worker_nodes(c):
+  return {n.node_id for n in c.worker_nodes}
+
+
+def _records(out_dir):
+  with open(os.path.join(out_dir, "trials.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _stable(rec):
+  rec = {k: v for k, v in rec.items() if k not in VOLATILE}
+  rec["verifier"] = {k: v for k, v in rec["verifier"].items() if "duration" not in k}
+  return rec
+
+
+@ray.remote
+class _Holder:
+  def put(self, value):
+    return [ray.put(value)]
+
+
+def _leftovers():
+  return glob.glob("/tmp/legorl-ray-trial-*") + glob.glob("/tmp/lgrf-*")
+
+
+@pytest.mark.parametrize("sandbox", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_same_results_as_the_thread_pool(cluster, tasks, policy, proxy, tmp_path, sandbox,
+                                         request):
+  if sandbox == "docker":
+    request.getfixturevalue("docker_engine")
+  policy.arm()
+  cfg = TrialConfig(harness_timeout_s=60, sandbox=SandboxConfig(backend=sandbox))
+  jobs = [TrialJob(t, BuiltinAdapter(), group=i, seed=100 + i) for i, t in enumerate(tasks)]
+  before = set(_leftovers())
+  local = run_trials(jobs, proxy, cfg, str(tmp_path / "threads"), concurrency=2)
+  backend = RayTrialBackend(RayOptions(advertise_host="127.0.0.1"))
+  remote = run_trials(jobs, proxy, cfg, str(tmp_path / "ray"), concurrency=2, backend=backend)
+  backend.close()
+
+  assert [r.status for r in local] == [st.SOLVED] * len(tasks)
+  assert [r.status for r in remote] == [r.status for r in local]
+  for a, b in zip(local, remote):
+    assert b.trajectory is not None and b.sampled_tokens == a.sampled_tokens > 0
+    assert [c.token_ids for c in b.trajectory.calls] == [c.token_ids for c in a.trajectory.calls]
+  assert {r.node for r in remote} <= _worker_nodes(cluster) and all(r.node for r in remote)
+  assert all(r.node == "" for r in local)
+
+  threads, ray_lines = _records(tmp_path / "threads"), _records(tmp_path / "ray")
+  key = lambda rec: rec["group"]  # noqa: E731 -- lines land in completion order
+  assert [_stable(x) for x in sorted(ray_lines, key=key)] == \
+      [_stable(x) for x in sorted(threads, key=key)]
+  assert all(line["node"] in _worker_nodes(cluster) for line in ray_lines)
+  with open(tmp_path / "ray" / "summary.json") as f, open(tmp_path / "threads" / "summary.json") as g:
+    s_ray, s_thr = json.load(f), json.load(g)
+  assert s_ray["n_solved"] == s_thr["n_solved"] == len(tasks)
+  # The logs and the recording came back here; the worker kept nothing.
+  for a, b in zip(local, remote):
+    assert sorted(b.log_paths) == sorted(a.log_paths) == ["agent_log.jsonl", "stderr", "stdout"]
+    assert os.path.getsize(b.log_paths["agent_log.jsonl"]) > 0
+    for name, path in b.log_paths.items():
+      assert path.startswith(str(tmp_path / "ray")) and os.path.isfile(path), name
+    assert os.path.isfile(b.trajectory_path)
+  assert set(_leftovers()) == before
+
+
+def test_unreachable_proxy_fails_at_start(cluster, tasks, policy, tmp_path):
+  # The proxy listens on 127.0.0.2:P but advertises 127.0.0.1:P, a port held bound (not
+  # listening) here, so every worker's GET is refused.
+  hold = socket.socket()
+  hold.bind(("127.0.0.1", 0))
+  port = hold.getsockname()[1]
+  p = scripted_proxy(load_tokenizer(), policy.reply, str(tmp_path / "sock"))
+  backend = RayTrialBackend(RayOptions(advertise_host="127.0.0.1", advertise_port=port,
+                                       bind_host="127.0.0.2"))
+  t0 = time.perf_counter()
+  try:
+    with pytest.raises(errors.ConfigError) as e:
+      run_trials([TrialJob(tasks[0], BuiltinAdapter())], p, TrialConfig(), str(tmp_path / "out"),
+                 backend=backend)
+  finally:
+    p.stop()
+    hold.close()
+  msg = str(e.value)
+  assert "cannot reach the proxy" in msg and "advertise_host" in msg and "127.0.0.1" in msg
+  assert msg.count("cannot GET") == len(_worker_nodes(cluster))  # every trial node probed
+  assert not os.path.exists(tmp_path / "out" / "trials.jsonl")  # no trial ran
+  assert time.perf_counter() - t0 < 30
+
+
+def test_unschedulable_and_lost_objects_are_infrastructure(cluster, tasks, proxy, tmp_path):
+  """An attempt that no node can take, and one whose task object is gone, end with an
+  infrastructure status (never a policy failure) and say why."""
+  backend = RayTrialBackend(RayOptions(advertise_host="127.0.0.1", schedule_timeout_s=1.0,
+                                       sandbox_resource="no_such_resource"))
+  backend.connect()
+  job = TrialJob(tasks[0], BuiltinAdapter(), group=0)
+  docker_cfg = TrialConfig(sandbox=SandboxConfig(backend="docker"))
+  res = backend.run_attempt(job, proxy, docker_cfg, str(tmp_path), attempt=0, seed=None)
+  assert res.status == st.SANDBOX_ERROR and res.infrastructure_failure
+  assert "not scheduled within 1 s" in res.error and "no_such_resource" in res.error
+
+  # The task's object is owned by an actor that then dies: the object is gone for good.
+  holder = _Holder.options(num_cpus=0).remote()
+  ref = ray.get(holder.put.remote(tasks[1]))[0]
+  ray.kill(holder)
+  backend._task_refs[id(tasks[1])] = (ref, tasks[1])  # noqa: SLF001
+  lost = TrialJob(tasks[1], BuiltinAdapter(), group=1)
+  res = backend.run_attempt(lost, proxy, TrialConfig(), str(tmp_path), attempt=0, seed=None)
+  assert res.status == st.SANDBOX_ERROR and res.error.startswith("ray: "), res.error
+  assert proxy.sessions.get(res.trial_id) is None  # the session was closed either way
+  backend.close()
+
+
+def test_worker_node_killed_mid_trial(cluster, tasks, policy, proxy, tmp_path):
+  """Runs last in this module: it removes a node (and puts one back afterwards)."""
+  marker = f"ray-kill-{os.getpid()}"
+  base_dir = str(tmp_path / "sandboxes")
+  os.makedirs(base_dir)
+  started: dict[str, str] = {}
+  killed: list[str] = []
+
+  def kill_the_trials_node():  # runs when the harness makes its first model call
+    node_id = next(iter(started.values()))
+    node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
+    cluster.remove_node(node, allow_graceful=False)
+    killed.append(node_id)
+
+  policy.arm(kill_the_trials_node, at=0, delay_s=2.0)
+  backend = RayTrialBackend(RayOptions(advertise_host="127.0.0.1"))
+  backend.on_start = lambda trial_id, node: started.setdefault(trial_id, node)
+  cfg = TrialConfig(harness_timeout_s=60, sandbox=SandboxConfig(
+      backend="local", base_dir=base_dir, env={faultkit.RUN_ENV: marker}))
+  out = str(tmp_path / "out")
+  try:
+    results = run_trials([TrialJob(tasks[2], BuiltinAdapter(), group=0, seed=7)], proxy, cfg,
+                         out, concurrency=1, max_retries=1, backend=backend)
+  finally:
+    backend.close()
+    if len(cluster.worker_nodes) < 2:
+      cluster.add_node(**NODE_ARGS)
+  assert policy.hook_error is None and killed
+  lines = _records(out)
+  assert [(line["attempt"], line["status"], line["final"]) for line in lines] == [
+      (0, st.SANDBOX_ERROR, False), (1, st.SOLVED, True)]
+  assert lines[0]["node"] == killed[0] and "ray: " in lines[0]["error"]
+  assert lines[1]["node"] != killed[0] and lines[1]["node"]
+  assert [r.status for r in results] == [st.SOLVED] and results[0].attempt == 1
+  # No process of the killed trial survived its node (the parent-death signal). Its sandbox
+  # directory outlives the node's raylet on this shared disk until the next trial on the
+  # machine sweeps dead owners' leftovers (``ray_worker.sweep_dead_trials``), which needs the
+  # dead worker reaped first (a zombie counts as alive).
+  deadline = time.monotonic() + 20
+  while os.listdir(base_dir) and time.monotonic() < deadline:
+    ray_worker.sweep_dead_trials(cfg.sandbox)
+    time.sleep(0.25)
+  assert faultkit.leaks(marker, base_dir, docker=False) == []
