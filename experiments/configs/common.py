@@ -57,6 +57,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.samples_per_task = 8
   c.rollout.concurrency = 16
   c.rollout.max_retries = 2
+  # Where trials run: "threads" (this process) or "ray" (a Ray cluster: rollout.ray_backend).
+  # ray_address "" starts a local cluster; "auto" or "ray://HOST:10001" joins one. Each trial
+  # declares ray_trial_cpus CPUs and ray_trial_memory_mb MiB (0: undeclared); ray_num_cpus
+  # sizes a local cluster (0: this machine's cores).
+  c.rollout.backend = "threads"
+  c.rollout.ray_address = ""
+  c.rollout.ray_trial_cpus = 1.0
+  c.rollout.ray_trial_memory_mb = 0
+  c.rollout.ray_num_cpus = 0
+  # Where Ray workers reach the proxy ("": this node's IP as Ray sees it; 0: a free port).
+  c.proxy = ml_collections.ConfigDict()
+  c.proxy.advertise_host = ""
+  c.proxy.advertise_port = 0
   c.rollout.overlong = "keep"
   c.rollout.overlong_penalty = 1.0
   c.rollout.overlong_buffer = 0
