@@ -28,12 +28,12 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   absl_logging.set_verbosity(absl_logging.WARNING)
-  from legorl_jax.trainer import config_check, screen
+  from legorl_jax.trainer import config_check, screen, screen_run
 
   cfg = FLAGS.config
   config_check.validate(cfg)
   checkpoints = list(cfg.screen.get("checkpoints", ()) or ()) or screen.saved_checkpoints(FLAGS.workdir)
-  out = screen.run_screen(cfg, FLAGS.workdir, checkpoints, out_dir=FLAGS.out)
+  out = screen_run.run_screen(cfg, FLAGS.workdir, checkpoints, out_dir=FLAGS.out)
   print(out["table"])
   best = out["best"]
   print(f"\nbest: {best['checkpoint']} at T={best['temperature']:g}; start RL from it with\n  "

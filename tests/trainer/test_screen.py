@@ -13,7 +13,7 @@ from legorl_jax import errors
 from legorl_jax.models import create_model, get_preset
 from legorl_jax.models import tokenizer as tok_lib
 from legorl_jax.taskgen.synthetic.generator import bug_key
-from legorl_jax.trainer import eval_stats, screen, task_sets
+from legorl_jax.trainer import eval_stats, screen, screen_run, task_sets
 
 
 class _Policy:
@@ -61,7 +61,7 @@ def test_screen_table_on_the_tiny_preset(tmp_path):
   cfg, tok = _cfg(), tok_lib.load_tokenizer()
   for s in (1, 3):  # two SFT checkpoints (different weights stand in for more or less SFT)
     screen.save_if_due(_Policy(s), s, cfg, str(tmp_path), tok)
-  out = screen.run_screen(cfg, str(tmp_path), screen.saved_checkpoints(str(tmp_path)))
+  out = screen_run.run_screen(cfg, str(tmp_path), screen.saved_checkpoints(str(tmp_path)))
   print("\n" + out["table"])  # shown with pytest -s
   lines = out["table"].splitlines()
   assert lines[0].split() == ["rank", "checkpoint", "T", "pass@1", "pass@2", "mixed", "entropy"]
