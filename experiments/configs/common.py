@@ -88,11 +88,12 @@ def base_config() -> ml_collections.ConfigDict:
   # How RL draws tasks: "loader" (the shuffled pool in epochs) or "pass_rate" (bugs weighted by
   # the chance their group is mixed, "mixed", or p (1 - p), "variance", + epsilon; p an EMA of
   # each bug's solve rate: trainer.pass_rate_sampler; replaces the difficulty filter).
-  # priors: a screen JSON (experiments.screen) with per-bug rates.
+  # priors: a screen JSON (experiments.screen) with per-bug rates. near_zero > 0: bugs whose
+  # estimate is below it get groups of near_zero_samples trials.
   c.rollout.sampler = "loader"
   c.rollout.pass_rate = ml_collections.ConfigDict(
       {"weight": "mixed", "prior": 0.5, "prior_groups": 1.0, "ema": 0.3, "epsilon": 0.02,
-       "priors": "", "priors_temperature": 0.0})
+       "priors": "", "priors_temperature": 0.0, "near_zero": 0.0, "near_zero_samples": 16})
 
   c.advantage = ml_collections.ConfigDict()
   c.advantage.name = "grpo"

@@ -48,8 +48,11 @@ def group_trials(results: Sequence, n: int) -> list[list]:
   return out
 
 
-def prepare_groups(results: Sequence, n: int, cfg, stale: frozenset = frozenset()) -> GroupedTrials:
-  """Applies the filters. ``cfg``: ``overlong`` in OVERLONG_MODES, ``overlong_penalty``,
+def prepare_groups(results: Sequence, n: int, cfg, stale: frozenset = frozenset(),
+                   sizes: dict | None = None) -> GroupedTrials:
+  """Applies the filters. ``sizes``: {group id: the trials it was run with} where groups
+  differ in size (``n`` is then the largest); a group's slots past its own size are padding,
+  neither valid nor missing. ``cfg``: ``overlong`` in OVERLONG_MODES, ``overlong_penalty``,
   ``overlong_buffer`` (tokens before the limit where DAPO's linear penalty starts),
   ``max_sampled_tokens``, ``drop_zero_variance`` (bool), ``mask_broken_groups`` (bool).
   ``stale``: trial ids sampled with too old parameters (async mode); excluded like broken
@@ -64,7 +67,12 @@ def prepare_groups(results: Sequence, n: int, cfg, stale: frozenset = frozenset(
   broken = np.zeros(g_count, bool)  # holds a trial that failed for infrastructure reasons
   dropped = collections.Counter()
   for gi, group in enumerate(groups):
+    size = n
+    if sizes:
+      size = int(sizes.get(next(r.group for r in group if r is not None), n))
     for ti, r in enumerate(group):
+      if r is None and ti >= size:
+        continue  # padding of a smaller group
       if r is None:
         dropped["missing"] += 1
         broken[gi] = True

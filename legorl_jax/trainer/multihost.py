@@ -97,13 +97,14 @@ def reduce_batch_metrics(local: dict[str, float], n_updates: int) -> dict[str, f
 
 # -- the host's share of the trials ---------------------------------------------------------------
 
-def run_shared_trials(tasks: Sequence, adapters: Sequence, samples: int, proxy, trial_cfg,
+def run_shared_trials(tasks: Sequence, adapters: Sequence, samples: int | Sequence[int], proxy,
+                      trial_cfg,
                       out_dir: str, *, concurrency: int, max_retries: int,
                       on_result: Callable | None = None,
                       seed_of: Callable[[int, int], int] | None = None,
                       group_offset: int = 0) -> list[TrialResult]:
-  """Runs ``samples`` trials of each task in this host's share; group ids are the tasks'
-  global positions plus ``group_offset`` (a step's later draw rounds continue the
+  """Runs ``samples`` trials of each task (or ``samples[i]`` of ``tasks[i]``) in this host's
+  share; group ids are the tasks' global positions plus ``group_offset`` (a step's later draw rounds continue the
   numbering). ``adapters[i]`` is the harness of ``tasks[i]``, or a list of one per sample (chosen on every host for every trial, so a seeded chooser stays in step across
   hosts). ``seed_of(group, sample)`` seeds each trial's proxy session. Returns this host's
   results, in job order; no collective (safe on a producer thread)."""
@@ -111,9 +112,10 @@ def run_shared_trials(tasks: Sequence, adapters: Sequence, samples: int, proxy, 
     a = adapters[g]
     return a[s] if isinstance(a, (list, tuple)) else a
 
+  counts = [int(samples)] * len(tasks) if isinstance(samples, int) else [int(x) for x in samples]
   jobs = [TrialJob(tasks[g], adapter(g, s), group=group_offset + g,
                    seed=None if seed_of is None else seed_of(group_offset + g, s))
-          for g in distributed.host_share(len(tasks)) for s in range(samples)]
+          for g in distributed.host_share(len(tasks)) for s in range(counts[g])]
   return run_trials(jobs, proxy, trial_cfg, out_dir, concurrency=concurrency,
                     max_retries=max_retries, on_result=on_result)
 

@@ -47,7 +47,8 @@ class PassRateSampler:
 
   def __init__(self, tasks: Sequence, *, prior: float = 0.5, ema: float = 0.3,
                epsilon: float = 0.02, seed: int = 0, priors: dict[str, float] | None = None,
-               weight: str = "mixed", group_size: int = 8, prior_groups: float = 1.0):
+               weight: str = "mixed", group_size: int = 8, prior_groups: float = 1.0,
+               near_zero: float = 0.0, near_zero_samples: int = 16):
     if not tasks:
       raise errors.ConfigError("rollout.sampler='pass_rate' needs a non-empty RL task pool.")
     if not 0 < ema <= 1 or not 0 <= prior <= 1 or not epsilon > 0 or not prior_groups > 0:
@@ -58,6 +59,7 @@ class PassRateSampler:
       raise errors.ConfigError(f"config rollout.pass_rate.weight={weight!r} is invalid; choose "
                                f"one of {WEIGHTS}.")
     self.weight, self.group_size = weight, max(2, int(group_size))
+    self.near_zero, self.near_zero_samples = float(near_zero), int(near_zero_samples)
     self.bugs: dict[str, list] = {}
     for t in tasks:
       self.bugs.setdefault(task_key(t), []).append(t)
@@ -83,7 +85,9 @@ class PassRateSampler:
                epsilon=float(pr.get("epsilon", 0.02)), seed=int(cfg.seed), priors=priors,
                weight=str(pr.get("weight", "mixed")),
                group_size=int(cfg.rollout.samples_per_task),
-               prior_groups=float(pr.get("prior_groups", 1.0)))
+               prior_groups=float(pr.get("prior_groups", 1.0)),
+               near_zero=float(pr.get("near_zero", 0.0)),
+               near_zero_samples=int(pr.get("near_zero_samples", 16)))
 
   def weights(self) -> np.ndarray:
     """float64 [n_bugs] in ``keys`` order: ``p (1 - p) + epsilon`` ("variance"), or
@@ -117,6 +121,14 @@ class PassRateSampler:
         self.visits[key] += 1
         exclude.add(key)
     return out
+
+  def samples_for(self, task, n: int) -> int:
+    """Trials for ``task``'s group: ``near_zero_samples`` when its bug's estimate is below
+    ``near_zero`` (a bug at p = 0.05 gives an 8-sample group no success 66% of the time, 16
+    samples 44%), else ``n``."""
+    if self.near_zero > 0 and self.rate.get(task_key(task), 1.0) < self.near_zero:
+      return max(n, self.near_zero_samples)
+    return n
 
   def record(self, task, outcomes: Sequence[int]) -> None:
     """One group of ``task`` ended with ``outcomes`` (1 solved / 0 not; policy outcomes only)."""

@@ -444,7 +444,8 @@ def _rl(*, cfg, learner, service, loader, adapter_for, trial_cfg, writer, ckpt,
       if trials_path:
         rl_loop.append_trials(trials_path, results, step=step, phase="rl")
       batches, bm = rl_loop.build_batches(local, local_cfg, service.params_version,
-                                          replay=replay.draw(step) if replay else ())
+                                          replay=replay.draw(step) if replay else (),
+                                          group_sizes=got.group_sizes)
       batches = multihost.align_batches(batches, cfg.trainer.buckets, rows)
       bm = multihost.reduce_batch_metrics(bm, len(batches))
       t1 = time.perf_counter()

@@ -70,20 +70,23 @@ def _zero_variance_frac(rewards: np.ndarray, valid: np.ndarray) -> float:
 
 
 def build_batches(results: Sequence[TrialResult], cfg, current_version: int,
-                  replay: Sequence[batching.TrainSequence] = ()
+                  replay: Sequence[batching.TrainSequence] = (), group_sizes: dict | None = None
                   ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
   """Filters, group advantages and batching for one update. Returns (batches, metrics).
 
   ``replay``: demonstration sequences (``demo_replay.DemoReplay``) laid into the same rows,
   only when some rollout sequence enters the loss (a step with nothing to learn from RL does
-  not become an SFT step)."""
+  not become an SFT step). ``group_sizes``: {group: trials} where a step's groups differ in
+  size (``Collected.group_sizes``); default: every group has ``rollout.samples_per_task``."""
   n = int(cfg.rollout.samples_per_task)
+  if group_sizes:
+    n = max(n, max(int(v) for v in group_sizes.values()))
   max_stale = cfg.trainer.get("max_staleness", None)
   stale = frozenset(
       r.trial_id for r in results
       if max_stale is not None and r.params_versions
       and current_version - min(r.params_versions) > int(max_stale))
-  grouped = filters.prepare_groups(results, n, cfg.rollout, stale=stale)
+  grouped = filters.prepare_groups(results, n, cfg.rollout, stale=stale, sizes=group_sizes)
   kwargs = config_check.advantage_kwargs(cfg)
   # The filters already applied the group policy (broken groups, stale or dropped trials), so
   # the estimator takes ``valid`` as it is: only invalid trials are left out of the baseline.
@@ -166,6 +169,7 @@ class Collected:
   wall_s: float
   position: dict
   metrics: dict
+  group_sizes: dict | None = None  # {group: trials} when some groups got more samples
 
 
 def _mixed(results: Sequence[TrialResult]) -> dict[int, bool]:
@@ -289,14 +293,17 @@ class RolloutSource:
     self.next_step += 1
     t0 = time.perf_counter()
     results, drawn, mixed, rounds = [], 0, 0, 0
+    sizes = {}  # trials per group (the pass-rate sampler gives bugs near zero more)
     while True:
       # Every trial's harness, chosen on every host in the same order from the round's rng.
       rng = np.random.default_rng(derive_seed("harness", seed, step) if rounds == 0
                                   else derive_seed("harness", seed, step, rounds))
-      adapters = [[self.adapter_for(task, rng=rng) for _ in range(n)] for task in tasks]
+      counts = [self.sampler.samples_for(t, n) if self.sampler else n for t in tasks]
+      adapters = [[self.adapter_for(task, rng=rng) for _ in range(k)] for task, k in zip(tasks, counts)]
       offset = drawn
+      sizes.update({offset + g: k for g, k in enumerate(counts)})
       res = multihost.run_shared_trials(
-          tasks, adapters, n, self.proxy, self.trial_cfg,
+          tasks, adapters, n if set(counts) <= {n} else counts, self.proxy, self.trial_cfg,
           step_dir if rounds == 0 else os.path.join(step_dir, f"round_{rounds}"),
           concurrency=int(self.cfg.rollout.concurrency),
           max_retries=int(self.cfg.rollout.max_retries), on_result=self.progress,
@@ -329,10 +336,13 @@ class RolloutSource:
     if self.sampler is not None:
       position["pass_rate"] = self.sampler.state_dict()
       metrics.update(self.sampler.metrics())
+      metrics["groups_boosted"] = float(sum(k > n for k in sizes.values()))
       os.makedirs(self.out_dir, exist_ok=True)
       paths.append_lines(os.path.join(self.out_dir, "pass_rate.jsonl"),
                          [json.dumps({"step": step, "bugs": self.sampler.per_bug()})])
-    return Collected(results, time.perf_counter() - t0, position, metrics)
+    boosted = any(k != n for k in sizes.values())
+    return Collected(results, time.perf_counter() - t0, position, metrics,
+                     group_sizes=sizes if boosted else None)
 
 
 def trial_seed(seed: int, step: int, group: int, task_id: str, sample: int) -> int:

@@ -17,6 +17,7 @@ import pytest
 from experiments.configs import demo_tiny
 from legorl_jax import errors
 from legorl_jax.rewards import status as st
+from legorl_jax.rollout.trajectory import Segment, Trajectory
 from legorl_jax.rollout.trial import TrialResult
 from legorl_jax.tasks.loader import TaskLoader
 from legorl_jax.trainer import multihost, pass_rate_sampler, rl_loop
@@ -39,13 +40,16 @@ def _pool():
   return [_Task(b, v, p) for b, p in enumerate(rates) for v in range(2)]
 
 
-def _fake_run(calls):
+def _fake_run(calls, sizes=None):
+  sizes = [] if sizes is None else sizes
+
   def run(tasks, adapters, samples, proxy, trial_cfg, out_dir, *, concurrency, max_retries,
           on_result=None, seed_of=None, group_offset=0):
     calls.append([t.id for t in tasks])
+    sizes.append(samples)
     out = []
     for g, task in enumerate(tasks):
-      for s in range(samples):
+      for s in range(samples if isinstance(samples, int) else samples[g]):
         solved = np.random.default_rng(seed_of(group_offset + g, s)).random() < task.p
         out.append(TrialResult(trial_id=f"{task.id}.{s}", task_id=task.id, harness="x",
                                status=st.SOLVED if solved else st.FAILED, reward=float(solved),
@@ -175,3 +179,61 @@ def test_priors_from_a_screen_json(tmp_path):
   assert pass_rate_sampler.priors_from_screen(str(path), "c", 0.6) == {"x": 0.4}  # top-ranked
   with pytest.raises(errors.ConfigError, match="screen"):
     pass_rate_sampler.priors_from_screen(str(tmp_path / "missing.json"))
+
+
+def test_bugs_near_zero_get_bigger_groups_and_a_fair_baseline(tmp_path, monkeypatch):
+  """rollout.pass_rate.near_zero: a bug estimated below it is run with near_zero_samples trials;
+  the update takes its group whole (16 trials, none missing), the others at 8, each with its
+  own GRPO baseline."""
+  from legorl_jax.rl import advantages as adv_lib
+  from legorl_jax.rollout import filters
+  tasks = _pool()
+  cfg = _cfg()
+  cfg.rollout.tasks_per_step = 24  # every bug, so the low ones are surely drawn
+  cfg.rollout.pass_rate.near_zero, cfg.rollout.pass_rate.near_zero_samples = 0.2, 16
+  calls, sizes = [], []
+  monkeypatch.setattr(multihost, "run_shared_trials", _fake_run(calls, sizes))
+  src = _source(cfg, tmp_path, tasks)
+  low = {task_key(t) for t in tasks if t.p == 0.15}
+  for k in low:
+    src.sampler.rate[k] = 0.05
+  got = src.collect()
+  drawn = [next(t for t in tasks if t.id == i) for i in calls[0]]
+  assert sizes[0] == [16 if task_key(t) in low else 8 for t in drawn]
+  assert got.metrics["groups_boosted"] == len(low) == 1
+  assert sorted(set(got.group_sizes.values())) == [8, 16]
+  for r in got.results:  # what the update needs of a trial: a recorded segment
+    r.trajectory = Trajectory(segments=[Segment(token_ids=[1, 2], loss_mask=[0, 1], logprobs=[0, 0])])
+  grouped = filters.prepare_groups(got.results, 16, cfg.rollout, sizes=got.group_sizes)
+  assert grouped.dropped["missing"] == 0
+  assert grouped.valid.sum() == len(got.results)
+  # Against the unpadded groups: each group's advantages are those of its own trials alone.
+  adv, mask = adv_lib.compute_advantages("grpo", grouped.rewards, grouped.valid,
+                                         mask_broken_groups=False)
+  for gi, group in enumerate(grouped.trials):
+    real = [r for r in group if r is not None]
+    ref, _ = adv_lib.compute_advantages("grpo", np.array([[r.reward for r in real]], np.float32))
+    np.testing.assert_allclose(np.asarray(adv)[gi, :len(real)], np.asarray(ref)[0], atol=1e-6)
+    assert np.all(np.asarray(mask)[gi, len(real):] == 0)
+  _, bm = rl_loop.build_batches(got.results, cfg, 0, group_sizes=got.group_sizes)
+  assert bm["trials_valid"] == len(got.results) and "dropped_missing" not in bm
+  # Without the option every group is run with samples_per_task (an int, as before).
+  cfg.rollout.pass_rate.near_zero = 0.0
+  src2 = _source(cfg, tmp_path / "off", tasks)
+  assert src2.collect().group_sizes is None and sizes[-1] == 8
+
+
+def test_refill_rounds_draw_other_bugs(tmp_path, monkeypatch):
+  """With dynamic sampling a step's later rounds draw bugs its earlier rounds did not."""
+  tasks = _pool()
+  cfg = _cfg()
+  cfg.rollout.tasks_per_step, cfg.rollout.draw_tasks, cfg.rollout.max_draw_rounds = 8, 4, 3
+  calls = []
+  monkeypatch.setattr(multihost, "run_shared_trials", _fake_run(calls))
+  src = _source(cfg, tmp_path, tasks)
+  for k in src.sampler.keys:  # nothing looks mixed: every round runs
+    src.sampler.rate[k] = 0.0
+  got = src.collect()
+  assert got.metrics["draw_rounds"] == 3 and len(calls) == 3
+  bugs = [task_key(next(t for t in tasks if t.id == i)) for c in calls for i in c]
+  assert len(bugs) == len(set(bugs)) == 12
