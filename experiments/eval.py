@@ -4,6 +4,10 @@ r"""Evaluates a policy inside native harnesses on a task set.
       --config.harness=builtin --config.policy=scripted --config.sandbox=local \
       --config.tasks=synthetic:4 --config.concurrency=2
 
+With ``--config.backend=ray`` the trials run as Ray tasks (a local cluster, or the one named by
+``--config.ray_address=auto|ray://HOST:10001``) while the policy and its proxy stay here; each
+``trials.jsonl`` line then names the Ray ``node`` it ran on.
+
 Writes ``WORKDIR/trials.jsonl`` (one line per trial attempt: task, harness, status, reward,
 turns, tokens, durations, log paths; ``final`` marks the counted attempt),
 ``WORKDIR/summary.json`` (``solve_rate``, ``n_trials``, counts by status and harness) and one
@@ -90,6 +94,20 @@ def make_backend(config, tasks):
   return EngineBackend(engine), tokenizer, proxy_config, engine.stop
 
 
+def make_trial_backend(config):
+  """None (trials on this process's threads) or a ``RayTrialBackend`` for ``backend=ray``."""
+  from legorl_jax import errors
+  if config.backend == "threads":
+    return None
+  if config.backend != "ray":
+    raise errors.ConfigError(f"backend={config.backend!r}: choose 'threads' or 'ray'.")
+  from legorl_jax.rollout.ray_backend import RayOptions, RayTrialBackend
+  return RayTrialBackend(RayOptions(
+      address=config.ray_address, local_num_cpus=config.ray_num_cpus,
+      trial_cpus=config.ray_trial_cpus, trial_memory_mb=config.ray_trial_memory_mb,
+      advertise_host=config.advertise_host, advertise_port=config.advertise_port))
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
@@ -116,6 +134,7 @@ def main(argv):
         adapters[name].check_installed()
       jobs.append(TrialJob(task, adapters[name], group=group))
 
+  trial_backend = make_trial_backend(config)
   backend, tokenizer, proxy_config, stop_backend = make_backend(config, tasks)
   sock_dir = tempfile.mkdtemp(prefix="lgev-", dir="/tmp")  # short path: Unix socket limit
   os.chmod(sock_dir, 0o755)
@@ -125,15 +144,20 @@ def main(argv):
   try:
     trial_config = TrialConfig(harness_timeout_s=config.harness_timeout_s,
                                max_turns=config.max_turns,
-                               sandbox=SandboxConfig(backend=config.sandbox))
+                               sandbox=SandboxConfig(backend=config.sandbox),
+                               backend=trial_backend)
     logging.info("running %d trials (%s) on %d tasks", len(jobs), sorted(adapters), len(tasks))
     run_trials(jobs, proxy, trial_config, workdir, concurrency=config.concurrency,
                max_retries=config.max_retries,
                extra_summary={"harness": config.harness, "policy": config.policy,
                               "sandbox": config.sandbox, "tasks": config.tasks,
+                              "backend": config.backend,
                               "trial_config": {k: v for k, v in dataclasses.asdict(
-                                  trial_config).items() if k != "sandbox"}})
+                                  dataclasses.replace(trial_config, backend=None)).items()
+                                  if k not in ("sandbox", "backend")}})
   finally:
+    if trial_backend is not None:
+      trial_backend.close()
     proxy.stop()
     stop_backend()
     shutil.rmtree(sock_dir, ignore_errors=True)

@@ -9,6 +9,8 @@ harness: one name (``builtin``, ``mini-swe-agent``, ``aider``, ``openhands``, ``
 policy: ``scripted`` (gold patches, for plumbing checks and demonstrations), a model preset
   (``tiny``: random weights from ``seed``) or a Hugging Face checkpoint directory.
 tasks: ``synthetic:N``, a task JSONL file, or a TFDS task dataset directory.
+backend: ``threads`` or ``ray`` (``--config.backend=ray --config.ray_address=auto``: trials on
+  the Ray cluster this machine belongs to; see the README's "More machines").
 """
 
 import ml_collections
@@ -28,6 +30,17 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.concurrency = 2
   c.max_retries = 1          # for infrastructure failures only
+  # Where trials run: "threads" (this process) or "ray" (a Ray cluster). ray_address "" starts
+  # a local cluster (ray_num_cpus logical CPUs, 0: this machine's); "auto" or
+  # "ray://HOST:10001" joins one. Workers reach the proxy at advertise_host:advertise_port
+  # ("": this node's IP as Ray sees it; 0: a free port).
+  c.backend = "threads"
+  c.ray_address = ""
+  c.ray_num_cpus = 0
+  c.ray_trial_cpus = 1.0
+  c.ray_trial_memory_mb = 0
+  c.advertise_host = ""
+  c.advertise_port = 0
   c.harness_timeout_s = 300.0
   c.max_turns = 8
   c.temperature = 1.0        # forced for neural policies (recorded per call)

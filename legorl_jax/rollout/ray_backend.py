@@ -92,6 +92,16 @@ class RayOptions:
                advertise_port=int(p.get("advertise_port", 0)))
 
 
+def backend_from_config(cfg) -> "RayTrialBackend | None":
+  """``TrialConfig.backend`` for a training config: None for ``rollout.backend="threads"``."""
+  name = str(cfg.rollout.get("backend", "threads"))
+  if name == "threads":
+    return None
+  if name == "ray":
+    return RayTrialBackend(RayOptions.from_config(cfg))
+  raise errors.ConfigError(f"rollout.backend={name!r}: choose 'threads' or 'ray'.")
+
+
 def _import_ray():
   try:
     import ray  # noqa: PLC0415 -- an optional extra
@@ -266,7 +276,8 @@ class RayTrialBackend:
       others = [n for n in self.trial_nodes(config) if n not in set(avoid_nodes)]
       if avoid_nodes and others:  # retry elsewhere when somewhere else can run it
         opts["label_selector"] = {NODE_ID_LABEL: f"!in({','.join(sorted(set(avoid_nodes)))})"}
-      gen = self._remote.options(**opts).remote(self._task_ref(task), job.adapter, config, req)
+      gen = self._remote.options(**opts).remote(
+          self._task_ref(task), job.adapter, dataclasses.replace(config, backend=None), req)
       ready, _ = ray.wait([gen], timeout=self.options.schedule_timeout_s)
       if not ready:
         res.error = (f"ray: not scheduled within {self.options.schedule_timeout_s:.0f} s "
@@ -285,8 +296,13 @@ class RayTrialBackend:
       out = ray.get(next(gen))
       gen = None
       _fill(res, out, tdir)
-    except ray.exceptions.RayTaskError as e:  # ray_worker raised: a bug, never a policy act
-      res.status, res.error = st.HARNESS_ERROR, f"ray worker raised: {str(e)[:2000]}"
+    except ray.exceptions.RayTaskError as e:
+      cause = getattr(e, "cause", None)
+      if isinstance(cause, ray.exceptions.RayError):  # e.g. an argument's owner died
+        res.status, res.error = st.SANDBOX_ERROR, (
+            f"ray: {type(cause).__name__}: {str(cause)[:2000]}")
+      else:  # ray_worker itself raised: a bug, never the policy's act
+        res.status, res.error = st.HARNESS_ERROR, f"ray worker raised: {str(e)[:2000]}"
     except ray.exceptions.RayError as e:  # node/worker died, object lost, cancelled, ...
       res.status, res.error = st.SANDBOX_ERROR, f"ray: {type(e).__name__}: {str(e)[:2000]}"
     except Exception as e:  # noqa: BLE001 -- a trial never takes the run down

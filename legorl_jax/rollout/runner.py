@@ -116,6 +116,7 @@ def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: st
   None runs attempts on this machine; a ``RayTrialBackend`` on its cluster (``prepare``d here,
   so an unreachable proxy fails before the first trial).
   """
+  backend = backend if backend is not None else config.backend
   if backend is None:
     check_local_verifiers([j.task for j in jobs], config.sandbox)
   else:  # the workers' interpreters matter there, and the proxy must be reachable from them

@@ -81,6 +81,10 @@ class TrialConfig:
   temperature: float | None = None
   sandbox: SandboxConfig = SandboxConfig()
   keep_trajectory_files: bool = True
+  # Where ``run_trials`` runs the attempts: None, this process's thread pool; a
+  # ``rollout.ray_backend.RayTrialBackend``, its Ray cluster. Carried here so every caller of
+  # ``run_trials`` (the RL loop, evaluation, SFT collection) follows one config choice.
+  backend: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def _tail(path: str) -> str:

@@ -14,6 +14,8 @@ import glob
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -91,10 +93,9 @@ def _stable(rec):
   return rec
 
 
-@ray.remote
-class _Holder:
-  def put(self, value):
-    return [ray.put(value)]
+@ray.remote(max_retries=0)
+def _crash():
+  os._exit(1)
 
 
 def _leftovers():
@@ -165,7 +166,7 @@ def test_unreachable_proxy_fails_at_start(cluster, tasks, policy, tmp_path):
   assert time.perf_counter() - t0 < 30
 
 
-def test_unschedulable_and_lost_objects_are_infrastructure(cluster, tasks, proxy, tmp_path):
+def test_unschedulable_and_lost_inputs_are_infrastructure(cluster, tasks, proxy, tmp_path):
   """An attempt that no node can take, and one whose task object is gone, end with an
   infrastructure status (never a policy failure) and say why."""
   backend = RayTrialBackend(RayOptions(advertise_host="127.0.0.1", schedule_timeout_s=1.0,
@@ -177,16 +178,31 @@ def test_unschedulable_and_lost_objects_are_infrastructure(cluster, tasks, proxy
   assert res.status == st.SANDBOX_ERROR and res.infrastructure_failure
   assert "not scheduled within 1 s" in res.error and "no_such_resource" in res.error
 
-  # The task's object is owned by an actor that then dies: the object is gone for good.
-  holder = _Holder.options(num_cpus=0).remote()
-  ref = ray.get(holder.put.remote(tasks[1]))[0]
-  ray.kill(holder)
+  # The task object cannot be had: the worker producing it crashed (a lost object takes the
+  # same path: "an input argument could not be computed").
+  ref = _crash.remote()
   backend._task_refs[id(tasks[1])] = (ref, tasks[1])  # noqa: SLF001
   lost = TrialJob(tasks[1], BuiltinAdapter(), group=1)
   res = backend.run_attempt(lost, proxy, TrialConfig(), str(tmp_path), attempt=0, seed=None)
   assert res.status == st.SANDBOX_ERROR and res.error.startswith("ray: "), res.error
+  assert "WorkerCrashedError" in res.error
   assert proxy.sessions.get(res.trial_id) is None  # the session was closed either way
   backend.close()
+
+
+def test_eval_entry_point_joins_the_cluster(cluster, tmp_path):
+  """``experiments.eval --config.backend=ray --config.ray_address=...``, as users run it."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  cmd = [sys.executable, "-m", "experiments.eval", "--config=experiments/configs/eval.py",
+         f"--workdir={tmp_path}", "--config.tasks=synthetic:2", "--config.backend=ray",
+         f"--config.ray_address={cluster.address}", "--config.advertise_host=127.0.0.1"]
+  r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  summary = json.loads(r.stdout.strip().splitlines()[-1])
+  assert summary["backend"] == "ray" and summary["n_solved"] == summary["n_trials"] == 2
+  assert {line["node"] for line in _records(tmp_path)} <= _worker_nodes(cluster)
+  assert len(_worker_nodes(cluster)) == 2  # joined, not shut down by the eval's exit
 
 
 def test_worker_node_killed_mid_trial(cluster, tasks, policy, proxy, tmp_path):
