@@ -200,6 +200,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.screen.bugs = 32             # RL-pool bugs, one task each
   c.screen.checkpoints = ()      # default: every WORKDIR/sft_checkpoints/step_N
 
+  # experiments.sweep: short RL arms from one SFT start ("NAME key=value ...", trainer.sweep).
+  c.sweep = ml_collections.ConfigDict()
+  c.sweep.arms = ()
+  c.sweep.steps = 10
+
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 4
   c.checkpoint.keep = 2

@@ -1,0 +1,45 @@
+"""Issue 44's RL run: the long run's recipe with the machinery that lets a gain show.
+
+  # 1. SFT with checkpoints along the way, then the screen picks the RL start (and temperature):
+  python -m experiments.sft --config=experiments/configs/rl_gain.py --workdir=/tmp/g_sft
+  python -m experiments.screen --config=experiments/configs/rl_gain.py --workdir=/tmp/g_sft
+  # 2. short arms from that start (item 5), then the long run with the chosen recipe:
+  python -m experiments.sweep --config=experiments/configs/rl_gain.py --workdir=/tmp/g_sweep \
+      --from_screen=/tmp/g_sft/screen/screen.json --config.sweep.arms="('base', ...)"
+  python -m experiments.train --config=experiments/configs/rl_gain.py --workdir=/tmp/g_rl \
+      --from_screen=/tmp/g_sft/screen/screen.json
+
+What it changes from ``rl_long.py``:
+
+- **The main set is 32 bugs.** ``names_rl`` with one task per bug (``tasks.held_out_distinct_bugs``):
+  32 RL-pool bugs under names no training task uses, 8 samples each; standard errors are
+  clustered by bug, evaluations are paired (same seeds) and run every 10 steps on every held-out
+  set (``eval.every_all_sets``), so each set's curve has error bars. Each evaluation is
+  3 sets x 32 tasks x (8 sampled + 1 greedy) = 864 trials.
+- **The pool is revisited where the signal is.** ``rollout.sampler = "pass_rate"`` replaces the
+  difficulty filter: bugs drawn by the chance their group is mixed, from a per-bug solve-rate
+  estimate (priors from the screen, when RL starts from it).
+- **SFT saves its policy** after 20, 40, 80 and 160 steps (the screen's candidates).
+- **A KL guard** (``trainer.max_kl = 0.05``): the demo that lost 13 points on ``names_demo`` had
+  drifted to KL 0.08-0.1; the long run's lr 1e-4 with ``kl_coef`` 0.05 stayed at 0.003-0.005.
+
+The objective options (``loss.demo_replay_weight``, ``loss.clip_eps_high``) stay as in
+``rl_long.py`` until the sweep has measured them.
+"""
+
+from experiments.configs import rl_long
+
+
+def get_config():
+  c = rl_long.get_config()
+  c.tasks.num_val = 32
+  c.tasks.held_out_distinct_bugs = True
+  c.eval.samples = 8
+  c.eval.every = 10
+  c.eval.every_all_sets = True
+  c.rollout.difficulty_filter = False
+  c.rollout.sampler = "pass_rate"
+  c.sft.save_at = (20, 40, 80, 160)
+  c.trainer.max_kl = 0.05
+  c.trainer.steps = 40
+  return c

@@ -1,0 +1,75 @@
+"""The sweep (issue 44, item 5): arms parsed and applied to the config, their figures read back
+from a run's records, the ranking, and a real two-arm sweep on the tiny preset from one saved
+start (``python -m experiments.sweep``)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments.configs import demo_tiny
+from legorl_jax import errors
+from legorl_jax.trainer import sweep
+from tests.trainer.test_pipeline import ROOT, SMALL
+from tests.xla_flags import subprocess_xla_flags
+
+
+def test_arms_change_only_what_they_name():
+  cfg = demo_tiny.get_config()
+  arm = sweep.parse_arm("top2 trainer.trainable=top:2 optim.learning_rate=1 temperature=0.8")
+  assert arm.name == "top2" and arm.overrides["trainer.trainable"] == "top:2"
+  c = sweep.arm_config(cfg, "/ckpt", arm, steps=10)
+  assert c.trainer.trainable == "top:2" and c.optim.learning_rate == 1.0
+  assert c.sampling.temperature == c.loss.temperature == 0.8
+  assert c.model.checkpoint == "/ckpt" and c.sft.steps == 0 and c.trainer.steps == 10
+  assert cfg.trainer.trainable == "all" and cfg.sft.steps == 300  # the base config is untouched
+  with pytest.raises(errors.ConfigError, match="no key"):
+    sweep.arm_config(cfg, "/ckpt", sweep.parse_arm("x optim.lr=1"), 10)
+  with pytest.raises(errors.ConfigError, match="name"):
+    sweep.parse_arm("optim.learning_rate=1")
+
+
+def test_figures_and_ranking(tmp_path):
+  for name, zero, solve, gain in (("a", [0.5, 0.5], [0.2, 0.4], 0.1), ("b", [0.25, 0.25], [0.1, 0.1], None),
+                                  ("c", [0.5, 0.5], [0.5, 0.5], -0.1)):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "metrics.jsonl").write_text("".join(
+        json.dumps({"phase": "train", "step": i + 1, "groups_zero_variance_frac": z, "solve_rate": s}) + "\n"
+        for i, (z, s) in enumerate(zip(zero, solve))) + json.dumps({"phase": "eval", "step": 0}) + "\n")
+    if gain is not None:
+      (d / "summary.json").write_text(json.dumps({"val_solve_rate_delta_rl": gain,
+                                                  "val_solve_rate_delta_se_rl": 0.05}))
+  rows = [{"name": n, **sweep.arm_figures(str(tmp_path / n))} for n in "abc"]
+  assert rows[0]["mixed_share"] == pytest.approx(0.5) and rows[0]["train_solve_rate"] == pytest.approx(0.3)
+  assert rows[1]["gain"] is None and rows[0]["steps"] == 2
+  ranked = sweep.rank_arms(rows)
+  assert [r["name"] for r in ranked] == ["b", "c", "a"]  # mixed share, then training solve rate
+  table = sweep.format_table(ranked).splitlines()
+  assert table[0].split()[:3] == ["rank", "arm", "mixed"] and len(table) == 5
+
+
+@pytest.mark.slow
+def test_two_arm_sweep_on_the_tiny_preset(tmp_path):
+  from legorl_jax.models import create_model, get_preset, save_pretrained
+  from legorl_jax.models import tokenizer as tok_lib
+  start = tmp_path / "start"
+  save_pretrained(create_model(get_preset("tiny"), seed=0), str(start), tokenizer=tok_lib.load_tokenizer())
+  small = [a for a in SMALL if not a.startswith("--config.sft.")]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=subprocess_xla_flags())
+  r = subprocess.run([sys.executable, "-m", "experiments.sweep", f"--workdir={tmp_path / 'sweep'}",
+                      "--config=experiments/configs/demo_tiny.py", f"--start={start}", *small,
+                      "--config.eval.greedy=False", "--config.sweep.steps=1",
+                      "--config.sweep.arms=('base', 'hot optim.learning_rate=0.05')"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+  out = json.load(open(tmp_path / "sweep" / "sweep.json"))
+  assert sorted(x["name"] for x in out["rows"]) == ["base", "hot"]
+  assert [x["rank"] for x in out["rows"]] == [1, 2]
+  for x in out["rows"]:
+    assert x["steps"] == 1 and x["mixed_share"] is not None and x["before"] is not None
+    summary = json.load(open(os.path.join(x["workdir"], "summary.json")))
+    assert summary["policy"] == str(start) and "sft_steps" not in summary  # RL only, from the start
+  assert "rank  arm" in r.stdout
