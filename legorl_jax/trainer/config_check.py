@@ -117,10 +117,34 @@ def validate(cfg) -> None:
       if layout is not None and layout[3] % micro:
         raise errors.ConfigError(f"config {section}.micro_batches={micro} must divide the rows per "
                                  f"batch of {key}={tuple(layout)!r} (its fourth number).")
+  _check_issue44_options(cfg)
   sft_micro = int(cfg.sft.get("micro_batches", 1)) if "sft" in cfg else 1
   if "sft" in cfg and (sft_micro < 1 or int(cfg.sft.rows_per_batch) % sft_micro):
     raise errors.ConfigError(f"config sft.micro_batches={sft_micro} must be >= 1 and divide "
                              f"sft.rows_per_batch={cfg.sft.rows_per_batch}.")
+
+
+def _check_issue44_options(cfg) -> None:
+  """The pass-rate sampler, demonstration replay, KL guard and SFT checkpoints: checked where
+  present (older configs lack them), so a bad value fails at start, not after SFT."""
+  from legorl_jax.trainer import kl_guard, screen  # pylint: disable=import-outside-toplevel
+  sampler = cfg.rollout.get("sampler", "loader")
+  if sampler not in ("loader", "pass_rate"):
+    raise errors.ConfigError(f"config rollout.sampler={sampler!r} is invalid; choose 'loader' or "
+                             "'pass_rate'.")
+  if sampler == "pass_rate" and cfg.rollout.get("difficulty_filter", False):
+    raise errors.ConfigError("config rollout.sampler='pass_rate' replaces the difficulty filter; "
+                             "set rollout.difficulty_filter=False.")
+  weight = _number(cfg, "loss.demo_replay_weight") if "demo_replay_weight" in cfg.loss else 0.0
+  if weight < 0:
+    raise errors.ConfigError(f"config loss.demo_replay_weight={weight} must be >= 0 (0: off).")
+  if weight > 0 and "sft" in cfg and int(cfg.sft.steps) == 0 and not cfg.sft.get("demos", ""):
+    raise errors.ConfigError("config loss.demo_replay_weight > 0 replays SFT demonstrations, but "
+                             "this run has no SFT phase (sft.steps=0) and no sft.demos; set "
+                             "sft.demos to the SFT run's demos.jsonl or the weight to 0.")
+  kl_guard.max_kl(cfg)
+  if "sft" in cfg:
+    screen.save_at_steps(cfg)
 
 
 def share_prompt_layout(value, key: str = "trainer.share_prompt") -> tuple[int, int, int, int] | None:

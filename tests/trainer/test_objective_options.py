@@ -208,3 +208,23 @@ def test_kl_guard_names_step_kl_and_flag():
   kl_guard.check_available(_guard_cfg(0.05, kl_coef=0.01), probe_runs=False)
   with pytest.raises(errors.ConfigError, match="max_kl"):
     kl_guard.max_kl(_guard_cfg(-1.0))
+
+
+def test_bad_issue44_options_fail_at_start():
+  from experiments.configs import common
+  from legorl_jax.trainer import config_check
+  for key, value, match in (("rollout.sampler", "epochs", "rollout.sampler"),
+                            ("loss.demo_replay_weight", -0.1, "demo_replay_weight"),
+                            ("trainer.max_kl", -1.0, "max_kl"),
+                            ("sft.save_at", (0, 5), "sft.save_at")):
+    cfg = common.base_config()
+    section, field = key.split(".")
+    cfg[section][field] = value
+    with pytest.raises(errors.ConfigError, match=match):
+      config_check.validate(cfg)
+  cfg = common.base_config()
+  cfg.loss.demo_replay_weight, cfg.sft.steps = 0.1, 0
+  with pytest.raises(errors.ConfigError, match="sft.demos"):
+    config_check.validate(cfg)
+  cfg.sft.demos = "/somewhere/demos.jsonl"
+  config_check.validate(cfg)
