@@ -144,8 +144,10 @@ def evaluate_held_out(service, tasks, extra_sets, adapter, trial_cfg, cfg, out_d
   out: dict = {"outcomes": {}, "clusters": clusters}
   for (i, k, name, temp, _), res in zip(parts, results):
     mode, _, _, set_phase = sets[i]
-    if trials_path:
-      rl_loop.append_trials(trials_path, res, step=step, phase=set_phase, temperature=temp)
+    if trials_path:  # each record with its task's cluster (bug), for experiments.report
+      rl_loop.append_records(trials_path, [dict(r.record(), cluster=clusters[mode].get(r.task_id))
+                                           for r in res], step=step, phase=set_phase,
+                             temperature=temp)
     out.update(eval_stats.set_figures(res, greedy=name == "greedy", samples=k,
                                       prefix=f"{mode}/" if mode else "", cluster_of=clusters[mode]))
     if name != "greedy":  # per-task outcomes, for the paired before/after comparison

@@ -10,7 +10,8 @@ so a figure quoted in BENCHMARKS.md can be reproduced from the run directory wit
 The held-out figures are recomputed from the trial records (status per trial) with the same
 statistics the pipeline uses (``eval_stats``): per task, the last ``eval.samples`` sampled
 records and the last greedy record of an evaluation count, so an evaluation redone after a
-resume counts once.
+resume counts once. Standard errors are clustered as the pipeline clusters them: by the
+``cluster`` (bug) an evaluation record carries, else by task.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class _Outcome:
   """What ``eval_stats`` reads of a trial: its task and status."""
   task_id: str
   status: str
+  cluster: str | None = None
 
 
 def _jsonl(path: str) -> list[dict]:
@@ -86,8 +88,8 @@ def step_table(rows: Sequence[dict]) -> str:
 
 def _eval_point(phase: str) -> tuple[str, str] | None:
   """(set, when) of an evaluation phase name, or None for a trial outside the evaluations:
-  ``eval_before_rl[_MODE]``, ``eval_after_rl[_MODE]``, and ``eval`` (the main set every
-  ``eval.every`` steps)."""
+  ``eval_before_rl[_MODE]``, ``eval_after_rl[_MODE]``, and ``eval[_MODE]`` (every
+  ``eval.every`` steps: the main set, and the others with ``eval.every_all_sets``)."""
   for when in ("before_rl", "after_rl"):
     stem = f"eval_{when}"
     if phase == stem:
@@ -96,6 +98,8 @@ def _eval_point(phase: str) -> tuple[str, str] | None:
       return phase[len(stem) + 1:], when
   if phase == "eval":
     return "", "step"
+  if phase.startswith("eval_"):
+    return phase[len("eval_"):], "step"
   return None
 
 
@@ -112,7 +116,8 @@ def evaluations(trials: Sequence[dict], samples: int) -> dict[str, dict[int, dic
     name, when = point
     step = 0 if when == "before_rl" else int(t.get("step", 0))
     mode = "greedy" if float(t.get("temperature", 1.0)) == 0.0 else "sampled"
-    raw[name][step][mode].setdefault(t["task_id"], []).append(_Outcome(t["task_id"], t["status"]))
+    raw[name][step][mode].setdefault(t["task_id"], []).append(
+        _Outcome(t["task_id"], t["status"], t.get("cluster")))
   out: dict[str, dict[int, dict]] = {}
   for name, by_step in raw.items():
     out[name] = {}
@@ -132,8 +137,10 @@ def evaluation_rows(evals: dict[str, dict[int, dict]], samples: int, main: str =
   for name in sorted(evals, key=lambda n: (n != "", n)):
     by_step = evals[name]
     base = eval_stats.outcomes_by_task(by_step[0]["sampled"]) if 0 in by_step else None
+    clusters = {o.task_id: o.cluster for ev in by_step.values() for o in ev["sampled"] if o.cluster}
     for step, ev in by_step.items():
-      stats = eval_stats.solve_stats(ev["sampled"], k_values=sorted({1, samples}))
+      stats = eval_stats.solve_stats(ev["sampled"], k_values=sorted({1, samples}),
+                                     cluster_of=clusters)
       row = {"set": name or main, "step": step, "n_trials": stats["n_trials"],
              "solve_rate": stats["solve_rate"], "solve_rate_se": stats["solve_rate_se"],
              f"pass@{samples}": stats.get(f"pass@{samples}"),
@@ -141,7 +148,8 @@ def evaluation_rows(evals: dict[str, dict[int, dict]], samples: int, main: str =
              "greedy_solve_rate": (eval_stats.solve_stats(ev["greedy"])["solve_rate"]
                                    if ev["greedy"] else None)}
       if base is not None and step != 0:
-        paired = eval_stats.paired_difference(base, eval_stats.outcomes_by_task(ev["sampled"]))
+        paired = eval_stats.paired_difference(base, eval_stats.outcomes_by_task(ev["sampled"]),
+                                              clusters)
         row.update(delta=paired["delta"], delta_se=paired["delta_se"], z=paired["z"])
       rows.append(row)
   return rows

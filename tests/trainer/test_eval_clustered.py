@@ -77,3 +77,24 @@ def test_the_32_bug_main_set():
   # The option off: the set is what it was (the first tasks of the same seeded draw).
   cfg.tasks.held_out_distinct_bugs = False
   assert len(task_sets.held_out_tasks(cfg)) == 32
+
+
+def test_the_report_clusters_as_the_pipeline_does():
+  """``experiments.report`` rebuilds the clustered figures from the records' ``cluster`` field,
+  and reads the other sets' evaluations along the run (``eval_MODE`` with eval.every_all_sets)."""
+  from legorl_jax.trainer import run_report
+
+  def records(phase, step, table):
+    return [{"phase": phase, "step": step, "task_id": t, "status": "solved" if s else "failed",
+             "temperature": 0.6, "cluster": CLUSTERS[t]} for t, row in table.items() for s in row]
+
+  before = {"t1": [0, 0, 0, 0], "t2": [1, 0, 0, 0], "t3": [0, 0], "t4": [1, 0]}
+  after = {"t1": [1, 1, 0, 0], "t2": [1, 0, 0, 0], "t3": [1, 1], "t4": [0, 0]}
+  trials = (records("eval_before_rl", 0, before) + records("eval", 10, after)
+            + records("eval_before_rl_templates", 0, before) + records("eval_templates", 10, after))
+  rows = run_report.evaluation_rows(run_report.evaluations(trials, 4), 4)
+  got = {(r["set"], r["step"]): r for r in rows}
+  assert sorted(got) == [("main", 0), ("main", 10), ("templates", 0), ("templates", 10)]
+  for name in ("main", "templates"):
+    assert got[(name, 10)]["delta_se"] == pytest.approx(math.sqrt(3) / 8)
+    assert got[(name, 10)]["solve_rate_se"] == pytest.approx(math.sqrt(13) / 24)
