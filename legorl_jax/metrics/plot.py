@@ -12,9 +12,14 @@ _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf")
 
 
 def line_chart_svg(series: dict[str, Sequence[tuple[float, float]]], title: str,
-                   width: int = 560, height: int = 260, y_range=None) -> str:
-  """One SVG chart; ``series``: name -> [(x, y), ...]. Points are also drawn as dots."""
+                   width: int = 560, height: int = 260, y_range=None,
+                   errors: dict[str, dict[float, float]] | None = None) -> str:
+  """One SVG chart; ``series``: name -> [(x, y), ...]. Points are also drawn as dots; with
+  ``errors`` (name -> {x: standard error}) each such point gets a bar of +- 1 SE."""
+  errors = errors or {}
   pts = [p for s in series.values() for p in s if p[1] is not None]
+  pts += [(x, y + sign * errors[n][x]) for n, s in series.items() for x, y in s
+          if y is not None and x in errors.get(n, {}) for sign in (-1, 1)]
   pad_l, pad_r, pad_t, pad_b = 48, 12, 28, 30
   w, h = width - pad_l - pad_r, height - pad_t - pad_b
   out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -45,10 +50,35 @@ def line_chart_svg(series: dict[str, Sequence[tuple[float, float]]], title: str,
     out.append(f'<polyline class="curve" data-series="{html.escape(name)}" fill="none" '
                f'stroke="{c}" stroke-width="2" points="{path}"/>')
     out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{c}"/>' for x, y in s]
+    bars = errors.get(name, {})
+    out += [f'<line class="errbar" data-series="{html.escape(name)}" x1="{sx(x):.1f}" '
+            f'y1="{sy(y - bars[x]):.1f}" x2="{sx(x):.1f}" y2="{sy(y + bars[x]):.1f}" '
+            f'stroke="{c}" stroke-width="1"/>' for x, y in s if x in bars]
     out.append(f'<text x="{pad_l + w - 150}" y="{pad_t + 14 * (i + 1)}" font-size="11" fill="{c}" '
                f'font-family="sans-serif">{html.escape(name)}</text>')
   out.append("</svg>")
   return "".join(out)
+
+
+def held_out_sets(metrics: list[dict]) -> tuple[dict, dict]:
+  """(series, errors) of every held-out set's sampled solve rate over the evaluations
+  (``eval`` rows: step 0 before RL, then every ``eval.every`` steps and the end), the main set
+  as "main" and each other one by its mode, each point with its clustered SE."""
+  series: dict[str, list] = {}
+  errors: dict[str, dict] = {}
+  for m in metrics:
+    if m.get("phase") != "eval":
+      continue
+    for key, y in m.items():
+      if not key.endswith("solve_rate") or key.endswith("greedy_solve_rate") or y is None:
+        continue
+      prefix = key[:-len("solve_rate")]
+      name = prefix.rstrip("/") or "main"
+      series.setdefault(name, []).append((m["step"], y))
+      se = m.get(f"{prefix}solve_rate_se")
+      if se is not None:
+        errors.setdefault(name, {})[m["step"]] = se
+  return series, errors
 
 
 def curves(metrics: list[dict]) -> dict[str, dict[str, list[tuple[float, float]]]]:
@@ -76,18 +106,23 @@ def curves(metrics: list[dict]) -> dict[str, dict[str, list[tuple[float, float]]
   }
 
 
-_CURVES_SVG = ("Solve rate", "Learning signal", "KL to the start policy", "Entropy",
-               "Completion tokens")
+_CURVES_SVG = ("Solve rate", "Held-out sets (+- SE)", "Learning signal", "KL to the start policy",
+               "Entropy", "Completion tokens")
 
 
 def write_curves(workdir: str) -> str:
-  """Writes ``workdir/curves.svg`` (solve rate, then the per-step learning-signal charts:
+  """Writes ``workdir/curves.svg`` (solve rate; every held-out set's sampled solve rate at each
+  evaluation with +- 1 clustered SE; then the per-step learning-signal charts:
   zero-variance groups, clip fraction, approximate KL per update; KL to the start policy;
   entropy; completion length) and returns
   its path."""
-  charts = curves(read_metrics(workdir))
+  metrics = read_metrics(workdir)
+  charts = curves(metrics)
+  sets, errors = held_out_sets(metrics)
+  charts["Held-out sets (+- SE)"] = sets
   w, h = 560, 260
-  parts = [line_chart_svg(charts[t], t, y_range=(0.0, 1.0) if t == "Solve rate" else None)
+  parts = [line_chart_svg(charts[t], t, y_range=(0.0, 1.0) if t == "Solve rate" else None,
+                          errors=errors if t.startswith("Held-out") else None)
            .replace("<svg ", f'<svg x="0" y="{i * h}" ', 1) for i, t in enumerate(_CURVES_SVG)]
   svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h * len(parts)}">'
          + "".join(parts) + "</svg>")
