@@ -8,13 +8,22 @@ rest grows with the window. ``--baseline_head`` also times, alternating in the s
 the tied output head computed through the transposed embedding (``x @ embed.T``, the previous
 formulation; the current one contracts the embedding's own minor axis). ``--baseline_sampling``
 likewise times the previous token sampler (``jnp.argmax``, and the inverse-CDF draw's passes over
-the vocabulary run even when every row is greedy). Prints one JSON line.
+the vocabulary run even when every row is greedy). ``--baseline_unfused`` times the step with
+separate q, k, v, gate and up matmuls (the current one uses the engine's fused kernels,
+``sampling.fused``). ``--xla_options`` adds variants of the current step compiled with XLA:CPU
+options (``name:option=value+option=value``; ``jit(...).lower().compile(compiler_options=)``),
+timed alternating with the rest in the same process. Prints one JSON line.
 
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 1 --windows 256,1024,2048,4096
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 16 --windows 512 --baseline_head
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 16 --windows 128,256 --baseline_sampling
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --preset smollm2-135m --rows 32 \
       --windows 256,512,1024 --temperature 0.6
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --preset smollm2-135m --rows 32 \
+      --windows 640 --temperature 0.6 --baseline_unfused
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --preset smollm2-135m --rows 32 \
+      --windows 640 --temperature 0.6 --xla_options \
+      ynn_dot:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT,onednn:xla_cpu_use_onednn=true
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from flax import nnx  # noqa: E402
 
 from legorl_jax.models import create_model  # noqa: E402
 from legorl_jax.models import decoder as decoder_lib  # noqa: E402
+from legorl_jax.sampling import fused as fused_lib  # noqa: E402
 from legorl_jax.sampling import sample as sample_lib  # noqa: E402
 from legorl_jax.sampling import steps  # noqa: E402
 from legorl_jax.sampling.cache import SCRATCH, Cache  # noqa: E402
@@ -50,6 +60,9 @@ flags.DEFINE_string("profile_dir", None, "Also run each window's current decode 
                     "jax.profiler here and report where a step's op time goes (op_profile).")
 flags.DEFINE_bool("baseline_head", False, "Also time the tied head through embed.T.")
 flags.DEFINE_bool("baseline_sampling", False, "Also time the previous token sampler.")
+flags.DEFINE_bool("baseline_unfused", False, "Also time separate q/k/v and gate/up matmuls.")
+flags.DEFINE_list("xla_options", [], "Variants NAME:OPTION=VALUE+OPTION=VALUE of the current "
+                  "step compiled with those XLA compiler options.")
 FLAGS = flags.FLAGS
 
 
@@ -109,27 +122,40 @@ def main(argv):
   cfg = model.config
   graphdef, state = nnx.split(model)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
-  current = (decoder_lib.Decoder.logits_from_hidden, steps.sample_tokens)
+  fused = fused_lib.FUSE(graphdef, state)
+  current = (decoder_lib.Decoder.logits_from_hidden, steps.sample_tokens, fused)
   variants = {"current": current}
   if args.baseline_head:
-    variants["transposed_head"] = (head_through_transpose, current[1])
+    variants["transposed_head"] = (head_through_transpose, current[1], fused)
   if args.baseline_sampling:
-    variants["previous_sampling"] = (current[0], previous_sample_tokens)
+    variants["previous_sampling"] = (current[0], previous_sample_tokens, fused)
+  if args.baseline_unfused:
+    variants["unfused"] = (current[0], current[1], None)
+  options = {"current": None}
+  for spec in args.xla_options:
+    name, _, opts = spec.partition(":")
+    variants[name] = current
+    options[name] = dict(o.split("=", 1) for o in opts.split("+"))
   k, n = args.decode_chunk, args.rows
   rows_out = []
   for window in (int(w) for w in args.windows):
     position = window - k - 1  # the last position the window holds after k steps
 
     def call(run, window=window, position=position):
-      """One decode call of ``run`` = [fn, cache, times], its cache carried over; waits for it."""
-      run[1], _, ids, _ = run[0](graphdef, state, run[1], decode_rows(n, position, args.temperature),
-                                 num_rows=n, attn_len=window, num_steps=k)
+      """One decode call of ``run`` = [fn, cache, times, fused], its cache carried over; waits."""
+      run[1], _, ids, _ = run[0](state, run[1], decode_rows(n, position, args.temperature),
+                                 fused=run[3])
       jax.block_until_ready(ids)
 
     runs = {}
-    for name, (head, sampler) in variants.items():
-      runs[name] = [compiled_decode(head, sampler), Cache.zeros(cfg, n, window), []]
-      call(runs[name])  # compiles
+    for name, (head, sampler, kernels) in variants.items():
+      cache = Cache.zeros(cfg, n, window)
+      fn = compiled_decode(head, sampler).lower(
+          graphdef, state, cache, decode_rows(n, position, args.temperature), num_rows=n,
+          attn_len=window, num_steps=k, fused=kernels).compile(
+              compiler_options=options.get(name))
+      runs[name] = [fn, cache, [], kernels]
+      call(runs[name])  # first call
     for _ in range(args.repeats):  # variants alternate, so load from elsewhere hits both alike
       for run in runs.values():
         t0 = time.perf_counter()
@@ -138,13 +164,19 @@ def main(argv):
     kv_bytes = 2 * cfg.num_layers * n * cfg.num_kv_heads * cfg.head_dim * (SCRATCH + window) * 4
     row = dict(window=window, weight_mb=round(weight_bytes / 1e6, 1),
                kv_window_mb=round(kv_bytes / 1e6, 1))
-    for name, (_, _, times) in runs.items():
+    for name, (_, _, times, _) in runs.items():
       ms = float(np.median(times)) / k * 1e3
       row[f"{name}_ms_per_step"] = round(ms, 3)
       row[f"{name}_read_gb_s"] = round((weight_bytes + kv_bytes) / (ms / 1e3) / 1e9, 1)
     if args.baseline_head:
       row["speedup_vs_transposed_head"] = round(
           row["transposed_head_ms_per_step"] / row["current_ms_per_step"], 3)
+    for name in options:
+      if name != "current":
+        row[f"speedup_{name}"] = round(row["current_ms_per_step"] / row[f"{name}_ms_per_step"], 3)
+    if args.baseline_unfused:
+      row["speedup_vs_unfused"] = round(
+          row["unfused_ms_per_step"] / row["current_ms_per_step"], 3)
     if args.baseline_sampling:
       row["speedup_vs_previous_sampling"] = round(
           row["previous_sampling_ms_per_step"] / row["current_ms_per_step"], 3)

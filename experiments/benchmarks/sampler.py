@@ -20,6 +20,14 @@ plus attention over the context).
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --model=smollm2-135m-instruct
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --model=smollm2-135m-instruct \
       --batches 1,16,32 --repeats 3 --torch_threads 2
+
+With ``--group G`` it times the GRPO shape instead (``sampler_group``): ``--prompts`` prompts of
+``--prompt_len`` tokens, ``G`` samples each at ``--temperature``, all decoded together, against
+``generate(num_return_sequences=G)``; ``--attn_steps 128,0`` times the fill-following windows
+and the previous power-of-two ones (0) side by side:
+
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --model=smollm2-135m-instruct \
+      --group 8 --prompts 4 --prompt_len 448 --new_tokens 192 --repeats 3 --torch_threads 2
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import time
 
 from absl import app, flags
 
-from experiments.benchmarks import common
+from experiments.benchmarks import common, sampler_group
 from experiments.benchmarks.learner_flops import block_matmul_weights
 from experiments.benchmarks.learner_tunix.peak import matmul_peak
 
@@ -54,6 +62,12 @@ flags.DEFINE_integer("torch_threads", 0, "0: PyTorch's default.")
 flags.DEFINE_integer("matmul_peak_n", 2048, "Side of the matmul-peak measurement; 0: none.")
 flags.DEFINE_float("join_window_s", None,
                    "Engine(join_window_s=...); default: the engine's; 0: no join window.")
+flags.DEFINE_integer("group", 0, "GRPO shape: samples per prompt (0: the plain shape).")
+flags.DEFINE_integer("prompts", 4, "GRPO shape: prompts (rows = prompts x group).")
+flags.DEFINE_float("temperature", 0.6, "GRPO shape: sampling temperature (no top-k/top-p).")
+flags.DEFINE_integer("max_len", 1024, "GRPO shape: engine cache slots per row (the demo's).")
+flags.DEFINE_list("attn_steps", ["128"], "GRPO shape: engine window steps to time side by "
+                  "side (0: power-of-two windows).")
 FLAGS = flags.FLAGS
 
 
@@ -120,6 +134,19 @@ def main(argv):
   batches = [int(b) for b in args.batches]
   model, hf_model, loaded = _load(args.model or args.preset)
   hf_model.generation_config.eos_token_id = None  # generate all new_tokens, as the engine does
+  if args.group:
+    name = args.model or args.preset
+    result = dict(benchmark="sampler", model=name, loaded=loaded,
+                  params=model.config.num_params(), torch_threads=torch.get_num_threads(),
+                  backend=jax.default_backend())
+    result.update(sampler_group.run(
+        model, hf_model, prompts=args.prompts, group=args.group, prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens, temperature=args.temperature, repeats=args.repeats,
+        max_len=args.max_len, attn_steps=[int(s) for s in args.attn_steps],
+        decode_chunk=args.decode_chunk))
+    result["load_avg_1m"] = common.load_avg_1m()
+    common.emit(result)
+    return
 
   max_len = 1 << (args.prompt_len + args.new_tokens - 1).bit_length()
   engine = Engine(model, max_batch=max(batches), max_len=max_len,

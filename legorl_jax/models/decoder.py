@@ -215,19 +215,34 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(c.head_dim, c, rngs=rngs, axis_name="head_dim")
       self.k_norm = RMSNorm(c.head_dim, c, rngs=rngs, axis_name="head_dim")
 
-  def project_qkv(self, x, positions):
-    """x [B, T, D] -> q [B, T, H, Dh], k, v [B, T, Hkv, Dh] (rotated, normed)."""
+  def project_qkv(self, x, positions, fused=None):
+    """x [B, T, D] -> q [B, T, H, Dh], k, v [B, T, Hkv, Dh] (rotated, normed).
+
+    fused: optional ``(kernel [D, (H + 2 Hkv) Dh], bias [(H + 2 Hkv) Dh] or None)``, this
+      layer's q|k|v concatenated (``sampling.fused``): one matmul instead of three, the same
+      function. The sampler passes it; the learner keeps the three kernels it trains.
+    """
     c = self.config
     dt = x.dtype
     b, t, _ = x.shape
+    q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    if fused is not None:
+      kernel, bias = fused
+      y = x @ kernel.astype(dt)
+      if bias is not None:
+        y = y + bias.astype(dt)
+      q, k, v = y[..., :q_dim], y[..., q_dim:q_dim + kv_dim], y[..., q_dim + kv_dim:]
+      q = q.reshape(b, t, c.num_heads, c.head_dim)
+      k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
+      v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
+    else:
+      def proj(name, heads):
+        y = x @ getattr(self, f"{name}_kernel")[...].astype(dt)
+        if c.qkv_bias:
+          y = y + getattr(self, f"{name}_bias")[...].astype(dt)
+        return y.reshape(b, t, heads, c.head_dim)
 
-    def proj(name, heads):
-      y = x @ getattr(self, f"{name}_kernel")[...].astype(dt)
-      if c.qkv_bias:
-        y = y + getattr(self, f"{name}_bias")[...].astype(dt)
-      return y.reshape(b, t, heads, c.head_dim)
-
-    q, k, v = proj("q", c.num_heads), proj("k", c.num_kv_heads), proj("v", c.num_kv_heads)
+      q, k, v = proj("q", c.num_heads), proj("k", c.num_kv_heads), proj("v", c.num_kv_heads)
     if c.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     inv_freq = rope_inv_freq(c)  # numpy constant, computed at trace time
@@ -246,10 +261,16 @@ class MLP(nnx.Module):
     self.up_kernel = _param(rngs, (c.hidden_size, c.intermediate_size), ("embed", "mlp"), c)
     self.down_kernel = _param(rngs, (c.intermediate_size, c.hidden_size), ("mlp", "embed"), c)
 
-  def __call__(self, x):
+  def __call__(self, x, gate_up=None):
+    """x [..., D] -> [..., D]. gate_up: optional ``[D, 2 I]``, gate|up concatenated
+    (``sampling.fused``): one matmul instead of two."""
     dt = x.dtype
-    g = x @ self.gate_kernel[...].astype(dt)
-    u = x @ self.up_kernel[...].astype(dt)
+    if gate_up is not None:
+      gu = x @ gate_up.astype(dt)
+      g, u = jnp.split(gu, 2, axis=-1)
+    else:
+      g = x @ self.gate_kernel[...].astype(dt)
+      u = x @ self.up_kernel[...].astype(dt)
     return (jax.nn.silu(g) * u) @ self.down_kernel[...].astype(dt)
 
 

@@ -170,7 +170,7 @@ def _write_routes(routes: jax.Array, new: jax.Array, slot: jax.Array) -> jax.Arr
   return routes.at[rows, slot].set(new, mode="promise_in_bounds")
 
 
-def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache):
+def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache, fused=None):
   """Runs new tokens of a ``Decoder`` against the cache.
 
   Args:
@@ -183,6 +183,8 @@ def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache):
       step.
     When the cache has a route cache, each token's experts in every sparse layer are written
       at its slot too (padding tokens' land in scratch).
+    fused: optional ``sampling.fused.fuse`` of the model: q|k|v and gate|up as one matmul
+      each (the same function).
   Returns:
     (hidden [B, T, D] final-normed, updated cache).
   """
@@ -195,7 +197,9 @@ def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache):
   ks, vs, routes = [], [], []
   b, t = input_ids.shape
   for i, block in enumerate(model.layers):
-    q, k, v = block.attn.project_qkv(block.attn_norm(x), positions)
+    f = None if fused is None else fused[i]
+    qkv = None if f is None else (f.qkv, f.qkv_bias)
+    q, k, v = block.attn.project_qkv(block.attn_norm(x), positions, fused=qkv)
     k_cache = _write(cache.k[i], k, slot, K_SLOT_AXIS)
     v_cache = _write(cache.v[i], v, slot, V_SLOT_AXIS)
     ks.append(k_cache)
@@ -206,8 +210,10 @@ def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache):
       y, routing = block.mlp.routed(block.mlp_norm(x))
       routes.append(routing.experts.reshape(b, t, -1))
       x = x + y
-    else:
+    elif block.sparse:
       x = x + block.mlp(block.mlp_norm(x))
+    else:
+      x = x + block.mlp(block.mlp_norm(x), gate_up=None if f is None else f.gate_up)
   route_cache = None
   if cache.routes is not None:
     route_cache = _write_routes(cache.routes, jnp.stack(routes, axis=2), slot)

@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from legorl_jax.models import params as model_params
 from legorl_jax.models.decoder import Decoder
+from legorl_jax.sampling import fused as fused_lib
 from legorl_jax.sampling import steps
 from legorl_jax.sampling.cache import SCRATCH, Cache
 from legorl_jax.sharding import rules as sharding_rules
@@ -36,11 +37,18 @@ class Device:
   """
 
   def __init__(self, model: Decoder, num_rows: int, max_len: int, cache_dtype=None,
-               record_routes: bool = False):
+               record_routes: bool = False, fuse_projections: bool | None = None):
     self.config, self.num_rows, self.max_len = model.config, num_rows, max_len
     self.record_routes = bool(record_routes)
-    self.graphdef, self.state = nnx.split(model)
+    self.graphdef, state = nnx.split(model)
     self.model_def, _ = model_params.split_model(model)
+    # Fused q|k|v and gate|up kernels (``sampling.fused``), on one device by default: on a
+    # mesh, concatenating head-sharded kernels would interleave q and kv heads across shards.
+    if fuse_projections is None:
+      fuse_projections = len(jax.tree.leaves(state)[0].sharding.device_set) == 1
+    self.fuse_projections = bool(fuse_projections)
+    self.fused = None
+    self.state = state
     self.version = 0
     self._cache_dtype = cache_dtype
     self.cache = self.new_cache()
@@ -53,6 +61,17 @@ class Device:
     self._keep_windows = (len(sharding.device_set) == 1
                           and next(iter(sharding.device_set)).platform == "cpu")
     self._window_buffers: dict[str, object] = {}
+
+  @property
+  def state(self):
+    """The parameters (``nnx.split`` state); setting them rebuilds the fused kernels."""
+    return self._state
+
+  @state.setter
+  def state(self, state):
+    self._state = state
+    if self.fuse_projections:
+      self.fused = fused_lib.FUSE(self.graphdef, state)
 
   # -- the cache --------------------------------------------------------------------------------
   def new_cache(self) -> Cache:
@@ -110,7 +129,7 @@ class Device:
     kind = f"prefill/{len(slots)}"
     buf = self._window_buffer(kind, steps.window_shapes(self.cache, len(slots), attn))
     out = self.prefill_step(self.graphdef, self.state, self.cache, slots, ids, pos,
-                            attn_len=attn, window_buffer=buf)
+                            attn_len=attn, window_buffer=buf, fused=self.fused)
     if buf is None:
       self.cache = out
     else:
@@ -122,7 +141,8 @@ class Device:
     if num_rows < self.num_rows or attn < self.max_len:  # else the window is the whole cache
       buf = self._window_buffer("decode", steps.decode_window_shapes(self.cache, num_rows, attn))
     out = self.decode_step(self.graphdef, self.state, self.cache, rows, num_rows=num_rows,
-                           attn_len=attn, num_steps=num_steps, window_buffer=buf)
+                           attn_len=attn, num_steps=num_steps, window_buffer=buf,
+                           fused=self.fused)
     self.cache = out[0]
     if buf is not None:
       self._window_buffers["decode"] = out[4]

@@ -68,6 +68,9 @@ class Engine:
     decode_rows: decode runs on cache rows ``[0, b)`` for the smallest bucket ``b`` covering
       every live row (rows are handed out lowest index first).
     attn_buckets: attention window lengths (default: ``buckets.fill(attn_step, max_len)``).
+    fuse_projections: the sampler computes q|k|v and gate|up as one matmul each, from fused
+      copies of those kernels rebuilt at every parameter update (``sampling.fused``; the
+      same function, ~0.4 of the parameters' bytes again). Default (None): on one device.
     attn_step: the default windows' spacing: multiples of it up to ``8 * attn_step``, then eight
       per doubling (a call attends over at most ``attn_step`` slots, or 1/8, past its longest
       row). Ignored when ``attn_buckets`` is given.
@@ -105,7 +108,8 @@ class Engine:
                max_stop_ids: int = 8, seed: int = 0, decode_fn=None, prefix_reuse: bool = True,
                cache_dtype=None, join_window_s: float = 0.003, prefill_chunk: int | None = None,
                prefix_cache_gb: float = 0.0, reuse_sampled_kv: bool = False,
-               record_routes: bool | None = None, attn_step: int = 128):
+               record_routes: bool | None = None, attn_step: int = 128,
+               fuse_projections: bool | None = None):
     cfg = model.config
     if record_routes is None:
       record_routes = bool(cfg.moe_layers)
@@ -147,7 +151,7 @@ class Engine:
     store_rows = int(prefix_cache_gb * (1 << 30) // row_bytes) if prefix_reuse else 0
     # cache rows: live rows, then the prefix store
     self._device = Device(model, max_batch + store_rows, max_len, cache_dtype,
-                          record_routes=self.record_routes)
+                          record_routes=self.record_routes, fuse_projections=fuse_projections)
     layout = Layout(max_batch=max_batch, max_len=max_len, prefill_chunk=self.prefill_chunk,
                     prefill_rows=self.prefill_rows, decode_rows=self.decode_rows,
                     attn_buckets=self.attn_buckets, decode_chunk=decode_chunk,

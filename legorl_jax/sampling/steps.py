@@ -56,7 +56,8 @@ class DecodeRows(NamedTuple):
 
 
 def prefill(graphdef, state, cache: Cache, slots: jax.Array, ids: jax.Array,
-            positions: jax.Array, *, attn_len: int, window_buffer: Cache | None = None):
+            positions: jax.Array, *, attn_len: int, window_buffer: Cache | None = None,
+            fused=None):
   """Writes K/V for a chunk of prompt tokens into some cache rows.
 
   Args:
@@ -67,12 +68,13 @@ def prefill(graphdef, state, cache: Cache, slots: jax.Array, ids: jax.Array,
     attn_len: static window length, > every position in ``positions``.
     window_buffer: optional (donated) ``window_shapes(cache, P, attn_len)`` arrays to build the
       window in (see the module docstring).
+    fused: optional ``sampling.fused.fuse(graphdef, state)`` (one matmul for q|k|v and gate|up).
   Returns:
     The updated full cache, or ``(cache, window)`` when ``window_buffer`` is given.
   """
   model = nnx.merge(graphdef, state)
   sub = _into(window_buffer, cache.window(slots, attn_len))
-  _, sub = forward(model, ids, positions, sub)
+  _, sub = forward(model, ids, positions, sub, fused)
   cache = cache.put_window(slots, sub)
   return cache if window_buffer is None else (cache, sub)
 
@@ -108,7 +110,8 @@ def _into(buffer: Cache | None, window: Cache) -> Cache:
 
 
 def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: int,
-                 attn_len: int, num_steps: int, window_buffer: Cache | None = None):
+                 attn_len: int, num_steps: int, window_buffer: Cache | None = None,
+                 fused=None):
   """Runs up to ``num_steps`` sampling steps for cache rows ``[0, num_rows)`` on device (fewer
   when every row finishes first).
 
@@ -122,6 +125,7 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
     num_rows, attn_len, num_steps: static window and loop sizes.
     window_buffer: optional (donated) arrays of the window's shapes to carry the loop's window
       in: ``decode_window_shapes(cache, num_rows, attn_len)`` (see the module docstring).
+    fused: optional ``sampling.fused.fuse(graphdef, state)`` (one matmul for q|k|v and gate|up).
 
   Returns:
     (cache, rows, out_ids int32 [K, R], out_logp float32 [K, R]); ``out_ids`` is -1 where the
@@ -140,7 +144,7 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
   def step(i, carry):
     sub, r, out_ids, out_logp = carry
     active = r.positions >= 0
-    hidden, sub = forward(model, r.tokens[:, None], r.positions[:, None], sub)
+    hidden, sub = forward(model, r.tokens[:, None], r.positions[:, None], sub, fused)
     logits = model.logits_from_hidden(hidden[:, 0])
     keys = row_keys(r.seeds, jnp.maximum(r.positions, 0))
     # Inactive rows (idle, or finished) count as greedy: their tokens are dropped, and a batch

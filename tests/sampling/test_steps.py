@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from legorl_jax.models import create_model
+from legorl_jax.sampling import fused as fused_lib
 from legorl_jax.sampling import steps
 from legorl_jax.sampling.cache import SCRATCH, Cache
 from tests.sampling import reference
@@ -121,16 +122,19 @@ def test_window_buffer_gives_the_same_tokens_and_cache(model, num_rows):
 
 
 @pytest.mark.parametrize("num_rows", [1, 2, ROWS])
-@pytest.mark.parametrize("buffered", [False, True])
-def test_decode_loop_updates_cache_in_place(model, num_rows, buffered):
+@pytest.mark.parametrize("buffered,fused", [(False, False), (True, False), (True, True)])
+def test_decode_loop_updates_cache_in_place(model, num_rows, buffered, fused):
   """No op in the compiled decode copies a whole layer's cache window (a copy per step per layer
-  once cost more than the model's matmuls), with or without a window buffer."""
+  once cost more than the model's matmuls), with or without a window buffer, with the engine's
+  fused projections too."""
   graphdef, state = nnx.split(model)
   cache = Cache.zeros(model.config, ROWS, MAX_LEN)
   rows = _rows([1] * num_rows, list(range(num_rows)))
   extra = {}
   if buffered:
     extra["window_buffer"] = steps.decode_window_shapes(cache, num_rows, 32)
+  if fused:
+    extra["fused"] = fused_lib.FUSE(graphdef, state)
   hlo = steps.DECODE.lower(graphdef, state, cache, rows, num_rows=num_rows, attn_len=32,
                            num_steps=STEPS, **extra).compile().as_text()
   c = model.config
