@@ -48,6 +48,12 @@ def main(argv):
   if before is not None and after is not None:
     print(f"held-out solve rate at T={cfg.sampling.temperature}: "
           f"{before:.3f} before RL -> {after:.3f} after RL ({100 * (after - before):+.1f} points)")
+  from legorl_jax.trainer import eval_stats
+  for mode in ("", *(m for m in ("names_demo", "names_rl", "templates", "names")
+                     if f"val_{m}_solve_rate_delta_rl" in summary)):
+    line = eval_stats.gain_sentence(summary, mode)
+    if line:
+      print(line)
 
 
 if __name__ == "__main__":

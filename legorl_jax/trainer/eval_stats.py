@@ -145,6 +145,22 @@ def paired_figures(before: Mapping, now: Mapping, modes: Sequence[str]) -> dict:
   return out
 
 
+def gain_sentence(summary: Mapping, mode: str = "", z_needed: float = 2.0) -> str | None:
+  """The paired held-out gain of ``summary.json`` in words, and plainly whether it is
+  significant (``z >= z_needed``); None without a paired gain (no evaluation before or after)."""
+  pre = f"val_{mode}_" if mode else "val_"
+  delta, se, z = (summary.get(f"{pre}solve_rate_delta{k}_rl") for k in ("", "_se", "_z"))
+  if delta is None:
+    return None
+  name = f"held-out set {mode!r}" if mode else "main held-out set"
+  if z is None:
+    return (f"{name}: paired gain {100 * delta:+.1f} points, SE 0 (every task moved alike): "
+            "no z, so not a significant result.")
+  verdict = ("significant" if z >= z_needed else "NOT significant") + f" at z >= {z_needed:g}"
+  return (f"{name}: paired gain {100 * delta:+.1f} points (SE {100 * se:.1f}, z {z:.2f}) "
+          f"over {summary.get('val_tasks', '?')} tasks: {verdict}.")
+
+
 SUMMARY_FIGURES = ("solve_rate", "solve_rate_se", "greedy_solve_rate", "pass@{n}", "n_tasks_mixed")
 
 

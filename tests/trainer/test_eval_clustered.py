@@ -98,3 +98,14 @@ def test_the_report_clusters_as_the_pipeline_does():
   for name in ("main", "templates"):
     assert got[(name, 10)]["delta_se"] == pytest.approx(math.sqrt(3) / 8)
     assert got[(name, 10)]["solve_rate_se"] == pytest.approx(math.sqrt(13) / 24)
+
+
+def test_the_gain_is_said_plainly():
+  s = {"val_solve_rate_delta_rl": 0.16, "val_solve_rate_delta_se_rl": 0.05,
+       "val_solve_rate_delta_z_rl": 3.2, "val_tasks": 32,
+       "val_names_demo_solve_rate_delta_rl": -0.02, "val_names_demo_solve_rate_delta_se_rl": 0.04,
+       "val_names_demo_solve_rate_delta_z_rl": -0.5}
+  assert eval_stats.gain_sentence(s) == ("main held-out set: paired gain +16.0 points (SE 5.0, "
+                                         "z 3.20) over 32 tasks: significant at z >= 2.")
+  assert "NOT significant" in eval_stats.gain_sentence(s, "names_demo")
+  assert eval_stats.gain_sentence({"val_solve_rate_delta_rl": None}) is None
