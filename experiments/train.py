@@ -54,6 +54,9 @@ def main(argv):
     line = eval_stats.gain_sentence(summary, mode)
     if line:
       print(line)
+  guard = eval_stats.guard_sentence(summary)
+  if guard:
+    print(guard)
 
 
 if __name__ == "__main__":

@@ -161,6 +161,18 @@ def gain_sentence(summary: Mapping, mode: str = "", z_needed: float = 2.0) -> st
           f"over {summary.get('val_tasks', '?')} tasks: {verdict}.")
 
 
+def guard_sentence(summary: Mapping, mode: str = "names_demo", max_drop: float = 0.05
+                   ) -> str | None:
+  """Whether the guard set (``names_demo``: the bugs SFT taught) fell by more than
+  ``max_drop`` (issue 44: 5 points), in words; None when it was not evaluated before and after."""
+  delta = summary.get(f"val_{mode}_solve_rate_delta_rl")
+  if delta is None:
+    return None
+  ok = delta >= -max_drop
+  return (f"guard {mode}: {100 * delta:+.1f} points, "
+          + ("within" if ok else "BEYOND") + f" the {100 * max_drop:.0f}-point bound.")
+
+
 SUMMARY_FIGURES = ("solve_rate", "solve_rate_se", "greedy_solve_rate", "pass@{n}", "n_tasks_mixed")
 
 

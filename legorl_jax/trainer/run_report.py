@@ -174,6 +174,24 @@ def evaluation_table(rows: Sequence[dict], samples: int) -> str:
   return "\n".join(lines)
 
 
+def pool_table(records: Sequence[dict], min_visits: int = 10) -> str:
+  """Markdown: the RL pool after the last step of ``rollouts/pass_rate.jsonl`` (pass-rate
+  sampling): one line per bug, most visited first, with its visits and solve-rate estimate, and
+  a headline saying how many bugs in reach (estimate in [0.05, 0.95]) were visited at least
+  ``min_visits`` times (issue 44: in a 40-step run each bug RL can move, >= 10)."""
+  if not records:
+    return ""
+  last = records[-1]
+  bugs = sorted(last["bugs"].items(), key=lambda kv: (-kv[1]["visits"], kv[0]))
+  reach = [v for _, v in bugs if 0.05 <= v["rate"] <= 0.95]
+  head = (f"After step {last['step']}: {sum(v['visits'] > 0 for _, v in bugs)} of {len(bugs)} "
+          f"bugs visited; {sum(v['visits'] >= min_visits for v in reach)} of the {len(reach)} in "
+          f"reach (estimate 0.05-0.95) visited >= {min_visits} times.")
+  lines = [head, "", "| bug | visits | estimate |", "|---|---|---|"]
+  lines += [f"| {k} | {v['visits']} | {v['rate']:.2f} |" for k, v in bugs]
+  return "\n".join(lines)
+
+
 def _config(workdir: str) -> dict:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
@@ -193,4 +211,7 @@ def report(workdir: str) -> str:
   parts = [f"## RL steps ({len(steps)})", "", step_table(steps), "",
            "## Held-out evaluations (step 0: before RL; gains paired against it)", "",
            evaluation_table(evaluation_rows(evals, samples, main), samples)]
+  pool = pool_table(_jsonl(os.path.join(workdir, "rollouts", "pass_rate.jsonl")))
+  if pool:
+    parts += ["", "## RL pool (pass-rate sampling)", "", pool]
   return "\n".join(parts) + "\n"

@@ -109,3 +109,17 @@ def test_the_gain_is_said_plainly():
                                          "z 3.20) over 32 tasks: significant at z >= 2.")
   assert "NOT significant" in eval_stats.gain_sentence(s, "names_demo")
   assert eval_stats.gain_sentence({"val_solve_rate_delta_rl": None}) is None
+
+
+def test_the_names_demo_guard_and_the_pool_table():
+  from legorl_jax.trainer import run_report
+  assert "within" in eval_stats.guard_sentence({"val_names_demo_solve_rate_delta_rl": -0.05})
+  assert "BEYOND" in eval_stats.guard_sentence({"val_names_demo_solve_rate_delta_rl": -0.0625})
+  assert eval_stats.guard_sentence({}) is None
+  recs = [{"step": 1, "bugs": {}},
+          {"step": 40, "bugs": {"a": {"visits": 12, "rate": 0.4}, "b": {"visits": 9, "rate": 0.6},
+                                "c": {"visits": 3, "rate": 0.0}, "d": {"visits": 0, "rate": 0.5}}}]
+  lines = run_report.pool_table(recs).splitlines()
+  assert lines[0] == ("After step 40: 3 of 4 bugs visited; 1 of the 3 in reach (estimate "
+                      "0.05-0.95) visited >= 10 times.")
+  assert [l.split("|")[1].strip() for l in lines[4:]] == ["a", "b", "c", "d"]
