@@ -127,7 +127,8 @@ class RayTrialBackend:
     self._lock = threading.Lock()
     self._task_refs: dict[int, Any] = {}
     self._addresses: dict[int, tuple[str, int]] = {}
-    self._remote = None
+    self._remote = self._remote_once = None
+    self._streaming = True
     # Called as on_start(trial_id, node_id) when an attempt starts on a node (progress, tests).
     self.on_start = None
 
@@ -154,6 +155,10 @@ class RayTrialBackend:
       self._owns_ray = not o.address
     self._ray = ray
     self._remote = ray.remote(ray_worker.trial_stream)
+    self._remote_once = ray.remote(ray_worker.run_here)
+    # Ray Client (ray://) has no streaming generators: an attempt is then one plain task, so
+    # the driver learns its node only from its result and waits for both phases at once.
+    self._streaming = not ray.util.client.ray.is_connected()
     return ray
 
   def close(self):
@@ -246,12 +251,18 @@ class RayTrialBackend:
              len(set(seen)), need)
 
   # -- one attempt --------------------------------------------------------------------------
-  def _task_ref(self, task: Task):
+  def _task_ref(self, task: Task, *, fresh: bool = False):
+    """The task's object (one ``ray.put`` per task per run). ``fresh``: put it again, for a
+    retry after a node failed: the old object may list the dead node as a location, and a
+    worker pulling from there waits for Ray's timeouts (15-30 s seen here) before another."""
     with self._lock:
-      ref = self._task_refs.get(id(task))
-      if ref is None:
-        ref = self._task_refs[id(task)] = (self._ray.put(portable_task(task)), task)
-      return ref[0]
+      entry = self._task_refs.get(id(task))  # (ref, portable task, task: keeps the id taken)
+      if entry is None:
+        portable = portable_task(task)
+        entry = self._task_refs[id(task)] = (self._ray.put(portable), portable, task)
+      elif fresh:
+        entry = self._task_refs[id(task)] = (self._ray.put(entry[1]), entry[1], task)
+      return entry[0]
 
   def run_attempt(self, job, proxy, config: TrialConfig, out_dir: str, *, attempt: int,
                   seed: int | None, avoid_nodes: Sequence[str] = ()) -> TrialResult:
@@ -272,12 +283,23 @@ class RayTrialBackend:
           trial_id=trial_id, task_id=task.id, harness=job.adapter.name, group=job.group,
           attempt=attempt, session_id=handle.session_id, token=handle.token,
           proxy_host=host, proxy_port=port)
-      opts = dict(self.resources(config), max_retries=0, num_returns="streaming")
+      opts = dict(self.resources(config), max_retries=0)
       others = [n for n in self.trial_nodes(config) if n not in set(avoid_nodes)]
       if avoid_nodes and others:  # retry elsewhere when somewhere else can run it
         opts["label_selector"] = {NODE_ID_LABEL: f"!in({','.join(sorted(set(avoid_nodes)))})"}
-      gen = self._remote.options(**opts).remote(
-          self._task_ref(task), job.adapter, dataclasses.replace(config, backend=None), req)
+      args = (self._task_ref(task, fresh=bool(avoid_nodes)), job.adapter, dataclasses.replace(config, backend=None), req)
+      run_limit = config.harness_timeout_s + task.verifier.timeout_s + self.options.result_margin_s
+      if not self._streaming:  # Ray Client: one reply, the node id inside it
+        gen = self._remote_once.options(**opts).remote(*args)
+        limit = self.options.schedule_timeout_s + run_limit
+        ready, _ = ray.wait([gen], timeout=limit)
+        if not ready:
+          res.error = f"ray: no result within {limit:.0f} s of submission"
+          return res
+        out, gen = ray.get(gen), None
+        _fill(res, out, tdir)
+        return res
+      gen = self._remote.options(num_returns="streaming", **opts).remote(*args)
       ready, _ = ray.wait([gen], timeout=self.options.schedule_timeout_s)
       if not ready:
         res.error = (f"ray: not scheduled within {self.options.schedule_timeout_s:.0f} s "
@@ -287,11 +309,9 @@ class RayTrialBackend:
       res.durations["start_s"] = time.perf_counter() - t0
       if self.on_start is not None:
         self.on_start(trial_id, res.node)
-      limit = (config.harness_timeout_s + task.verifier.timeout_s
-               + self.options.result_margin_s)
-      ready, _ = ray.wait([gen], timeout=limit)
+      ready, _ = ray.wait([gen], timeout=run_limit)
       if not ready:
-        res.error = f"ray: no result within {limit:.0f} s of the trial's start"
+        res.error = f"ray: no result within {run_limit:.0f} s of the trial's start"
         return res
       out = ray.get(next(gen))
       gen = None

@@ -44,8 +44,13 @@ VOLATILE = ("trial_id", "durations", "log_paths", "trajectory_path", "node")
 
 @pytest.fixture(scope="module")
 def cluster():
+  with socket.socket() as s:  # a free port for the head's Ray Client server
+    s.bind(("127.0.0.1", 0))
+    client_port = s.getsockname()[1]
   c = Cluster(initialize_head=True, head_node_args=dict(
-      num_cpus=0, include_dashboard=False, object_store_memory=80 << 20))
+      num_cpus=0, include_dashboard=False, object_store_memory=80 << 20,
+      ray_client_server_port=client_port))
+  c.client_address = f"ray://127.0.0.1:{client_port}"
   for _ in range(2):
     c.add_node(**NODE_ARGS)
   ray.init(address=c.address, log_to_driver=False, logging_level="warning")
@@ -181,7 +186,7 @@ def test_unschedulable_and_lost_inputs_are_infrastructure(cluster, tasks, proxy,
   # The task object cannot be had: the worker producing it crashed (a lost object takes the
   # same path: "an input argument could not be computed").
   ref = _crash.remote()
-  backend._task_refs[id(tasks[1])] = (ref, tasks[1])  # noqa: SLF001
+  backend._task_refs[id(tasks[1])] = (ref, tasks[1], tasks[1])  # noqa: SLF001
   lost = TrialJob(tasks[1], BuiltinAdapter(), group=1)
   res = backend.run_attempt(lost, proxy, TrialConfig(), str(tmp_path), attempt=0, seed=None)
   assert res.status == st.SANDBOX_ERROR and res.error.startswith("ray: "), res.error
@@ -191,11 +196,12 @@ def test_unschedulable_and_lost_inputs_are_infrastructure(cluster, tasks, proxy,
 
 
 def test_eval_entry_point_joins_the_cluster(cluster, tmp_path):
-  """``experiments.eval --config.backend=ray --config.ray_address=...``, as users run it."""
+  """``experiments.eval --config.backend=ray --config.ray_address=ray://...``, as users run
+  it: through Ray Client (no streaming generators there: one plain task per attempt)."""
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   cmd = [sys.executable, "-m", "experiments.eval", "--config=experiments/configs/eval.py",
          f"--workdir={tmp_path}", "--config.tasks=synthetic:2", "--config.backend=ray",
-         f"--config.ray_address={cluster.address}", "--config.advertise_host=127.0.0.1"]
+         f"--config.ray_address={cluster.client_address}", "--config.advertise_host=127.0.0.1"]
   r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300,
                      env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert r.returncode == 0, r.stderr[-3000:]
@@ -238,6 +244,9 @@ def test_worker_node_killed_mid_trial(cluster, tasks, policy, proxy, tmp_path):
       (0, st.SANDBOX_ERROR, False), (1, st.SOLVED, True)]
   assert lines[0]["node"] == killed[0] and "ray: " in lines[0]["error"]
   assert lines[1]["node"] != killed[0] and lines[1]["node"]
+  # The retry gets a fresh copy of the task object: pulling the old one, which lists the dead
+  # node as a location, stalled its start 15-30 s.
+  assert lines[1]["durations"]["start_s"] < 10
   assert [r.status for r in results] == [st.SOLVED] and results[0].attempt == 1
   # No process of the killed trial survived its node (the parent-death signal). Its sandbox
   # directory outlives the node's raylet on this shared disk until the next trial on the
