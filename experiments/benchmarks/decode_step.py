@@ -115,6 +115,16 @@ def compiled_decode(head, sampler):
                  donate_argnums=(2,))
 
 
+def _option_value(text: str):
+  """A compiler option's value from the command line: a bool, an int, or the string."""
+  if text.lower() in ("true", "false"):
+    return text.lower() == "true"
+  try:
+    return int(text)
+  except ValueError:
+    return text
+
+
 def main(argv):
   del argv
   args = FLAGS
@@ -135,7 +145,7 @@ def main(argv):
   for spec in args.xla_options:
     name, _, opts = spec.partition(":")
     variants[name] = current
-    options[name] = dict(o.split("=", 1) for o in opts.split("+"))
+    options[name] = {k: _option_value(v) for k, v in (o.split("=", 1) for o in opts.split("+"))}
   k, n = args.decode_chunk, args.rows
   rows_out = []
   for window in (int(w) for w in args.windows):

@@ -30,6 +30,7 @@ from flax import nnx
 from legorl_jax import errors
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.moe import MoEBlock, load_balancing_loss
+from legorl_jax.models.rope import apply_rope, rope_inv_freq
 
 
 @flax.struct.dataclass
@@ -49,35 +50,6 @@ class KVCache:
     shape = (batch, max_len, config.num_kv_heads, config.head_dim)
     return cls(k=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
                v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)))
-
-
-def rope_inv_freq(config: ModelConfig) -> np.ndarray:
-  """Inverse RoPE frequencies ``[D_head // 2]`` float32, with optional Llama-3 scaling."""
-  d = config.head_dim
-  inv = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-  sc = config.rope_scaling
-  if sc:
-    factor = float(sc["factor"])
-    lo, hi = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
-    old = float(sc["original_max_position_embeddings"])
-    wavelen = 2 * math.pi / inv
-    scaled = np.where(wavelen > old / lo, inv / factor, inv)
-    smooth = (old / wavelen - lo) / (hi - lo)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old / hi) & (wavelen <= old / lo)
-    inv = np.where(medium, smoothed, scaled)
-  return inv.astype(np.float32)
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-  """Rotates ``x [B, T, H, Dh]`` by ``positions [B, T]`` (half-split convention, as HF)."""
-  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, Dh/2]
-  cos = jnp.cos(freqs)[:, :, None, :]
-  sin = jnp.sin(freqs)[:, :, None, :]
-  x32 = x.astype(jnp.float32)
-  x1, x2 = jnp.split(x32, 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x.dtype)
 
 
 def _param(rngs: nnx.Rngs, shape, axes, config: ModelConfig, std=None, init="normal"):
@@ -216,33 +188,21 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(c.head_dim, c, rngs=rngs, axis_name="head_dim")
 
   def project_qkv(self, x, positions, fused=None):
-    """x [B, T, D] -> q [B, T, H, Dh], k, v [B, T, Hkv, Dh] (rotated, normed).
-
-    fused: optional ``(kernel [D, (H + 2 Hkv) Dh], bias [(H + 2 Hkv) Dh] or None)``, this
-      layer's q|k|v concatenated (``sampling.fused``): one matmul instead of three, the same
-      function. The sampler passes it; the learner keeps the three kernels it trains.
-    """
-    c = self.config
-    dt = x.dtype
+    """x [B, T, D] -> q [B, T, H, Dh], k, v [B, T, Hkv, Dh] (rotated, normed). fused: optional
+    (kernel [D, (H + 2 Hkv) Dh], bias or None): q|k|v as one matmul (``sampling.fused``)."""
+    c, dt = self.config, x.dtype
     b, t, _ = x.shape
-    q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    if fused is not None:
-      kernel, bias = fused
-      y = x @ kernel.astype(dt)
-      if bias is not None:
-        y = y + bias.astype(dt)
-      q, k, v = y[..., :q_dim], y[..., q_dim:q_dim + kv_dim], y[..., q_dim + kv_dim:]
-      q = q.reshape(b, t, c.num_heads, c.head_dim)
-      k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
-      v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
-    else:
-      def proj(name, heads):
-        y = x @ getattr(self, f"{name}_kernel")[...].astype(dt)
-        if c.qkv_bias:
-          y = y + getattr(self, f"{name}_bias")[...].astype(dt)
-        return y.reshape(b, t, heads, c.head_dim)
-
-      q, k, v = proj("q", c.num_heads), proj("k", c.num_kv_heads), proj("v", c.num_kv_heads)
+    heads = (c.num_heads, c.num_kv_heads, c.num_kv_heads)
+    cuts = np.cumsum(heads[:2]) * c.head_dim
+    if fused is None:  # three matmuls: the kernels the learner trains
+      ys = [x @ getattr(self, f"{n}_kernel")[...].astype(dt) for n in "qkv"]
+      bias = [getattr(self, f"{n}_bias")[...] for n in "qkv"] if c.qkv_bias else None
+    else:  # one matmul, split after
+      ys = jnp.split(x @ fused[0].astype(dt), cuts, axis=-1)
+      bias = None if fused[1] is None else jnp.split(fused[1], cuts)
+    if bias is not None:
+      ys = [y + bb.astype(dt) for y, bb in zip(ys, bias)]
+    q, k, v = (y.reshape(b, t, n, c.head_dim) for y, n in zip(ys, heads))
     if c.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     inv_freq = rope_inv_freq(c)  # numpy constant, computed at trace time
@@ -262,15 +222,12 @@ class MLP(nnx.Module):
     self.down_kernel = _param(rngs, (c.intermediate_size, c.hidden_size), ("mlp", "embed"), c)
 
   def __call__(self, x, gate_up=None):
-    """x [..., D] -> [..., D]. gate_up: optional ``[D, 2 I]``, gate|up concatenated
-    (``sampling.fused``): one matmul instead of two."""
+    """x [..., D] -> [..., D]. gate_up: optional [D, 2 I], one matmul (``sampling.fused``)."""
     dt = x.dtype
-    if gate_up is not None:
-      gu = x @ gate_up.astype(dt)
-      g, u = jnp.split(gu, 2, axis=-1)
+    if gate_up is None:
+      g, u = (x @ getattr(self, f"{n}_kernel")[...].astype(dt) for n in ("gate", "up"))
     else:
-      g = x @ self.gate_kernel[...].astype(dt)
-      u = x @ self.up_kernel[...].astype(dt)
+      g, u = jnp.split(x @ gate_up.astype(dt), 2, axis=-1)
     return (jax.nn.silu(g) * u) @ self.down_kernel[...].astype(dt)
 
 

@@ -1,11 +1,19 @@
 """The same seed gives the same rollout, whoever shares the decode step.
 
 A trial's tokens must not depend on how requests arrived: together (one decode batch at full
-width), one at a time (a batch of one, other row buckets), or in reverse order a few ms apart
-(rows joining mid-chunk, other windows, row compaction). Randomness is per row (``row_keys``:
-the request's seed and the token's position), so only the numerics could differ: matmuls of
-other shapes sum in another order. Token ids must be equal; log-probs may differ in the last
-bits, and the test says by how much (``max_dlogp``, printed)."""
+width), one at a time (a batch of one: other row buckets), or in reverse order a few ms apart
+(rows joining mid-chunk, row compaction). Randomness is per row (``row_keys``: the request's
+seed and the token's position), so only the numerics could differ: matmuls of other shapes
+sum in another order. Token ids must be equal; log-probs may differ in the last bits, and the
+test says by how much (printed: dense 9.5e-7, MoE 8.6e-6 when written).
+
+What this does not cover: the attention window. A decode call attends over the window its
+longest row needs, and on XLA:CPU the ``q . K`` product over a wider window sums in another
+order (measured: a row's scores differ by up to 7.6e-6 between 384 and 1,024 slots), so a
+token can flip at a CDF boundary when a long row joins the batch. The engine here has one
+window (max_len 128), so the rows' numerics are the ones under test. BENCHMARKS.md ("Decode
+at the fill, fused projections and determinism") has the measurements and the fix it needs
+(a blocked K layout)."""
 
 import threading
 import time
