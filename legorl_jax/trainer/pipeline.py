@@ -34,6 +34,7 @@ from legorl_jax.models import tokenizer as tok_lib
 from legorl_jax.proxy.service import derive_seed
 from legorl_jax.rewards import status as st
 from legorl_jax.rollout.runner import TrialJob, run_trials
+from legorl_jax.rollout.ray_backend import backend_from_config
 from legorl_jax.rollout.trial import TrialConfig
 from legorl_jax.sandbox import SandboxConfig
 from legorl_jax.sharding import distributed
@@ -256,7 +257,8 @@ def run(cfg, workdir: str) -> dict:
   eval_adapter = adapters[chooser.validation]
   trial_cfg = TrialConfig(harness_timeout_s=float(cfg.harness.timeout_s),
                           max_turns=int(cfg.harness.max_turns),
-                          sandbox=SandboxConfig(backend=cfg.sandbox.backend))
+                          sandbox=SandboxConfig(backend=cfg.sandbox.backend),
+                          backend=backend_from_config(cfg))  # rollout.backend: threads | ray
   sockets = distributed.host_local_dir(workdir, "sockets")
   trials_path = paths.join(workdir, "trials.jsonl") if primary else None  # process 0 writes
   rl_cfg = cfg
@@ -374,6 +376,8 @@ def run(cfg, workdir: str) -> dict:
     service.close()
     ckpt.close()
     writer.close()
+    if trial_cfg.backend is not None:
+      trial_cfg.backend.close()
 
   before = run_state.before or {}
   n = int(cfg.eval.samples)
