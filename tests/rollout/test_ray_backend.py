@@ -1,7 +1,8 @@
 """Trials on a real multi-node Ray cluster (``rollout.backend="ray"``), on this machine.
 
 One module-scoped cluster: a head with no CPUs (nothing runs there) and two worker nodes of one
-CPU each, every one its own raylet and object store, so a trial really is scheduled onto a
+CPU each, only one of them declaring Docker (a ``sandbox`` slot, which Docker trials need), every
+one its own raylet and object store, so a trial really is scheduled onto a
 node, fetches its task from the object store, reaches the proxy over TCP and sends its record
 back. The scripted policy solves through the built-in harness: the Ray backend must give the
 same statuses, tokens and ``trials.jsonl`` records as the thread pool for the same seeds. The
@@ -37,7 +38,9 @@ from legorl_jax.taskgen.synthetic import generate_tasks  # noqa: E402
 from legorl_jax.trainer.policy_service import scripted_proxy  # noqa: E402
 from tests.reliability import faultkit  # noqa: E402
 
-NODE_ARGS = dict(num_cpus=1, resources={"sandbox": 1}, object_store_memory=80 << 20)
+# Two trial nodes: one with Docker (a `sandbox` slot), one without.
+DOCKER_NODE = dict(num_cpus=1, resources={"sandbox": 1}, object_store_memory=80 << 20)
+PLAIN_NODE = dict(num_cpus=1, object_store_memory=80 << 20)
 # Fields of a trials.jsonl line that differ between any two runs, or say where it ran.
 VOLATILE = ("trial_id", "durations", "log_paths", "trajectory_path", "node")
 
@@ -51,8 +54,8 @@ def cluster():
       num_cpus=0, include_dashboard=False, object_store_memory=80 << 20,
       ray_client_server_port=client_port))
   c.client_address = f"ray://127.0.0.1:{client_port}"
-  for _ in range(2):
-    c.add_node(**NODE_ARGS)
+  c.docker_node = c.add_node(**DOCKER_NODE).node_id
+  c.add_node(**PLAIN_NODE)
   ray.init(address=c.address, log_to_driver=False, logging_level="warning")
   c.wait_for_nodes()
   yield c
@@ -127,6 +130,8 @@ def test_same_results_as_the_thread_pool(cluster, tasks, policy, proxy, tmp_path
     assert b.trajectory is not None and b.sampled_tokens == a.sampled_tokens > 0
     assert [c.token_ids for c in b.trajectory.calls] == [c.token_ids for c in a.trajectory.calls]
   assert {r.node for r in remote} <= _worker_nodes(cluster) and all(r.node for r in remote)
+  if sandbox == "docker":  # only where Docker is declared
+    assert {r.node for r in remote} == {cluster.docker_node}
   assert all(r.node == "" for r in local)
 
   threads, ray_lines = _records(tmp_path / "threads"), _records(tmp_path / "ray")
@@ -224,6 +229,8 @@ def test_worker_node_killed_mid_trial(cluster, tasks, policy, proxy, tmp_path):
     node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
     cluster.remove_node(node, allow_graceful=False)
     killed.append(node_id)
+    if node_id == cluster.docker_node:
+      cluster.docker_node = None
 
   policy.arm(kill_the_trials_node, at=0, delay_s=2.0)
   backend = RayTrialBackend(RayOptions(advertise_host="127.0.0.1"))
@@ -236,8 +243,9 @@ def test_worker_node_killed_mid_trial(cluster, tasks, policy, proxy, tmp_path):
                          out, concurrency=1, max_retries=1, backend=backend)
   finally:
     backend.close()
-    if len(cluster.worker_nodes) < 2:
-      cluster.add_node(**NODE_ARGS)
+    if len(cluster.worker_nodes) < 2:  # put the lost kind of node back
+      node = cluster.add_node(**(DOCKER_NODE if cluster.docker_node is None else PLAIN_NODE))
+      cluster.docker_node = cluster.docker_node or node.node_id
   assert policy.hook_error is None and killed
   lines = _records(out)
   assert [(line["attempt"], line["status"], line["final"]) for line in lines] == [
