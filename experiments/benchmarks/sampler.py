@@ -152,8 +152,7 @@ def main(argv):
   engine = Engine(model, max_batch=max(batches), max_len=max_len,
                   prefill_buckets=(args.prompt_len,), prefill_rows=(1, 4),
                   decode_chunk=args.decode_chunk,
-                  **({} if args.join_window_s is None else dict(join_window_s=args.join_window_s)),
-                  attn_buckets=tuple(b for b in (128, 256, 512, 1024) if b < max_len) + (max_len,))
+                  **({} if args.join_window_s is None else dict(join_window_s=args.join_window_s)))
   rng = np.random.default_rng(0)
   name = args.model or args.preset
   result = dict(benchmark="sampler", preset=name if name.lower() in PRESETS else None,

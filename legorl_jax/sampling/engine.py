@@ -70,7 +70,8 @@ class Engine:
     attn_buckets: attention window lengths (default: ``buckets.fill(attn_step, max_len)``).
     fuse_projections: the sampler computes q|k|v and gate|up as one matmul each, from fused
       copies of those kernels rebuilt at every parameter update (``sampling.fused``; the
-      same function, ~0.4 of the parameters' bytes again). Default (None): on one device.
+      same function, ~0.4 of the parameters' bytes again). Off by default: on XLA:CPU it
+      measured 0.96x per decode step (SmolLM2, 32 rows, BENCHMARKS.md); for one device only.
     attn_step: the default windows' spacing: multiples of it up to ``8 * attn_step``, then eight
       per doubling (a call attends over at most ``attn_step`` slots, or 1/8, past its longest
       row). Ignored when ``attn_buckets`` is given.
@@ -109,7 +110,7 @@ class Engine:
                cache_dtype=None, join_window_s: float = 0.003, prefill_chunk: int | None = None,
                prefix_cache_gb: float = 0.0, reuse_sampled_kv: bool = False,
                record_routes: bool | None = None, attn_step: int = 128,
-               fuse_projections: bool | None = None):
+               fuse_projections: bool = False):
     cfg = model.config
     if record_routes is None:
       record_routes = bool(cfg.moe_layers)
