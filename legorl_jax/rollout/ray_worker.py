@@ -38,6 +38,10 @@ from legorl_jax.rollout.trial import TrialResult, execute_trial
 # A log file larger than this comes back as its last bytes only (the harness's own output is
 # already bounded by the sandbox's OutputSink; this guards the Ray reply size).
 MAX_LOG_BYTES = 8 << 20
+# Temporary directories of a trial (logs) and of its forwarder (the socket), named with the
+# worker's pid so that a sweep can tell those of dead workers.
+TRIAL_PREFIX = "legorl-ray-trial-"
+FORWARDER_PREFIX = "lgrf-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +88,8 @@ class ProxyForwarder:
 
   def start(self) -> "ProxyForwarder":
     # Short path under /tmp: a Unix socket path may not exceed 107 bytes.
-    self._dir = tempfile.mkdtemp(prefix="lgrf-", dir=self._parent or "/tmp")
+    self._dir = tempfile.mkdtemp(prefix=f"{FORWARDER_PREFIX}{os.getpid()}-",
+                                 dir=self._parent or "/tmp")
     os.chmod(self._dir, 0o755)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(self.path)
@@ -177,11 +182,12 @@ _last_docker_sweep = [0.0]
 
 def sweep_dead_trials(sandbox_config) -> list[str]:
   """Removes what trials of dead processes on this node left (a worker killed with its node's
-  raylet, a SIGKILLed worker): sandbox directories and containers whose owner process is gone.
+  raylet, a SIGKILLed worker): this module's temporary directories, sandbox directories and
+  containers whose owner process is gone.
   The sandbox backends do this once per process; a long-lived Ray worker does it before every
   trial (Docker at most every 30 s: listing containers costs a round trip to the engine)."""
   from legorl_jax.sandbox import local  # noqa: PLC0415
-  removed = []
+  removed = _sweep_own_dirs()
   try:
     if sandbox_config.backend == "local":
       removed += local.reap_local(sandbox_config.base_dir)
@@ -195,13 +201,35 @@ def sweep_dead_trials(sandbox_config) -> list[str]:
   return removed
 
 
+def _pid_gone(pid: int) -> bool:
+  """True when ``pid`` no longer runs here (a zombie, which nobody reaped yet, counts as gone)."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      return f.read().rsplit(b")", 1)[-1].split()[:1] == [b"Z"]
+  except OSError:
+    return True
+
+
+def _sweep_own_dirs() -> list[str]:
+  """This module's temporary directories whose worker process is gone."""
+  removed = []
+  tmp = tempfile.gettempdir()
+  for name in os.listdir(tmp):
+    for prefix in (TRIAL_PREFIX, FORWARDER_PREFIX):
+      pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+      if pid.isdigit() and _pid_gone(int(pid)):
+        shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        removed.append(os.path.join(tmp, name))
+  return removed
+
+
 def run_here(task, adapter, config, req: TrialRequest) -> dict[str, Any]:
   """Runs one attempt on this node; returns ``{"record": TrialResult.record(), "files":
   {name: bytes}}`` and leaves nothing behind. Never raises for a trial's failure."""
   res = TrialResult(trial_id=req.trial_id, task_id=req.task_id, harness=req.harness,
                     status=st.SANDBOX_ERROR, reward=0.0, group=req.group, attempt=req.attempt)
   t0 = time.perf_counter()
-  root = tempfile.mkdtemp(prefix="legorl-ray-trial-")
+  root = tempfile.mkdtemp(prefix=f"{TRIAL_PREFIX}{os.getpid()}-")
   forwarder = None
   files: dict[str, bytes] = {}
   try:

@@ -107,7 +107,8 @@ def _crash():
 
 
 def _leftovers():
-  return glob.glob("/tmp/legorl-ray-trial-*") + glob.glob("/tmp/lgrf-*")
+  return (glob.glob(f"/tmp/{ray_worker.TRIAL_PREFIX}*")
+          + glob.glob(f"/tmp/{ray_worker.FORWARDER_PREFIX}*"))
 
 
 @pytest.mark.parametrize("sandbox", ["local", pytest.param("docker", marks=pytest.mark.docker)])
@@ -238,6 +239,7 @@ def test_worker_node_killed_mid_trial(cluster, tasks, policy, proxy, tmp_path):
   cfg = TrialConfig(harness_timeout_s=60, sandbox=SandboxConfig(
       backend="local", base_dir=base_dir, env={faultkit.RUN_ENV: marker}))
   out = str(tmp_path / "out")
+  before = set(_leftovers())
   try:
     results = run_trials([TrialJob(tasks[2], BuiltinAdapter(), group=0, seed=7)], proxy, cfg,
                          out, concurrency=1, max_retries=1, backend=backend)
@@ -261,7 +263,8 @@ def test_worker_node_killed_mid_trial(cluster, tasks, policy, proxy, tmp_path):
   # machine sweeps dead owners' leftovers (``ray_worker.sweep_dead_trials``), which needs the
   # dead worker reaped first (a zombie counts as alive).
   deadline = time.monotonic() + 20
-  while os.listdir(base_dir) and time.monotonic() < deadline:
+  while (os.listdir(base_dir) or set(_leftovers()) - before) and time.monotonic() < deadline:
     ray_worker.sweep_dead_trials(cfg.sandbox)
     time.sleep(0.25)
   assert faultkit.leaks(marker, base_dir, docker=False) == []
+  assert set(_leftovers()) - before == set()  # the dead worker's log and socket directories
