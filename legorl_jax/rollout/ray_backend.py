@@ -209,15 +209,19 @@ class RayTrialBackend:
     need = self.resources(config)
     probe = ray.remote(ray_worker.probe_proxy)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
-    failures, seen = [], []
+    failures, seen, no_pytest = [], [], {}
+    # What check_local_verifiers asks of this machine, asked of every trial node instead.
+    pytest_env = (dict(config.sandbox.env) if config.sandbox.backend == "local" and any(
+        t.verifier.kind == "pytest" for t in tasks) else None)
     for proxy in {id(p): p for p in proxies}.values():
       host, port = self.address_of(proxy)
       if nodes:
         refs = [probe.options(num_cpus=0, max_retries=0, scheduling_strategy=
-                              NodeAffinitySchedulingStrategy(n, soft=False)).remote(host, port)
+                              NodeAffinitySchedulingStrategy(n, soft=False)).remote(
+                                  host, port, pytest_env=pytest_env)
                 for n in nodes]
       else:  # an autoscaling cluster may start a node for a task shaped like a trial
-        refs = [probe.options(max_retries=0, **need).remote(host, port)]
+        refs = [probe.options(max_retries=0, **need).remote(host, port, pytest_env=pytest_env)]
       ready, pending = ray.wait(refs, num_returns=len(refs), timeout=(
           self.options.probe_timeout_s if nodes else self.options.schedule_timeout_s))
       for r in pending:
@@ -239,8 +243,17 @@ class RayTrialBackend:
           failures.append(f"a probe failed: {type(e).__name__}: {str(e)[:300]}")
           continue
         seen.append(out["node"])
+        if out.get("pytest_missing"):
+          no_pytest[out["node"]] = out["pytest_missing"]
         if not out["ok"]:
           failures.append(f"node {out['node'][:12]} cannot GET {out['url']}: {out['error']}")
+    if no_pytest:
+      node, exe = next(iter(no_pytest.items()))
+      raise errors.ConfigError(
+          f"Tasks graded with pytest would run on {len(no_pytest)} Ray node(s) whose local "
+          f"sandbox python3 cannot import pytest (e.g. node {node[:12]}: {exe}). Install it "
+          "there (`apt-get install python3-pytest`, as .ci/setup_system.sh does), or run these "
+          "tasks on Docker (--config.sandbox.backend=docker).")
     if failures:
       raise errors.ConfigError(
           "Ray workers cannot reach the proxy: " + "; ".join(failures) + ". Set "

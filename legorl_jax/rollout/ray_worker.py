@@ -164,8 +164,11 @@ def _pump(src: socket.socket, dst: socket.socket):
       pass
 
 
-def probe_proxy(host: str, port: int, timeout_s: float = 5.0) -> dict[str, Any]:
-  """GET ``/health`` of the proxy from here: ``{"node", "ok", "error", "seconds"}``."""
+def probe_proxy(host: str, port: int, timeout_s: float = 5.0,
+                pytest_env: dict[str, str] | None = None) -> dict[str, Any]:
+  """GET ``/health`` of the proxy from here: ``{"node", "ok", "error", "url", "seconds"}``;
+  with ``pytest_env`` (the local sandbox's env) also ``"pytest_missing"``: the python3 a local
+  sandbox on this node would grade pytest tasks with, if it cannot import pytest, else ""."""
   t0 = time.perf_counter()
   url = f"http://{host}:{int(port)}/health"
   try:
@@ -173,8 +176,13 @@ def probe_proxy(host: str, port: int, timeout_s: float = 5.0) -> dict[str, Any]:
       ok, err = r.status == 200, "" if r.status == 200 else f"HTTP {r.status}"
   except (urllib.error.URLError, OSError) as e:
     ok, err = False, f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-  return {"node": node_id(), "ok": ok, "error": err, "url": url,
-          "seconds": time.perf_counter() - t0}
+  out = {"node": node_id(), "ok": ok, "error": err, "url": url,
+         "seconds": time.perf_counter() - t0, "pytest_missing": ""}
+  if pytest_env is not None:
+    from legorl_jax.sandbox import runtime_check  # noqa: PLC0415
+    exe, missing = runtime_check.missing_python_modules(["pytest"], pytest_env)
+    out["pytest_missing"] = (exe or "no python3 on the sandbox PATH") if missing else ""
+  return out
 
 
 _last_docker_sweep = [0.0]

@@ -11,6 +11,7 @@ model: the attempt must be recorded as infrastructure with that node, retried on
 node, counted once, and leave nothing behind. It runs last (the cluster gets its node back).
 """
 
+import dataclasses
 import glob
 import json
 import os
@@ -175,6 +176,23 @@ def test_unreachable_proxy_fails_at_start(cluster, tasks, policy, tmp_path):
   assert msg.count("cannot GET") == len(_worker_nodes(cluster))  # every trial node probed
   assert not os.path.exists(tmp_path / "out" / "trials.jsonl")  # no trial ran
   assert time.perf_counter() - t0 < 30
+
+
+def test_workers_without_pytest_refused_at_start(cluster, tasks, proxy, tmp_path):
+  """The local sandbox grades pytest tasks with the node's python3: each trial node is asked
+  (not this machine, as the thread pool's check does)."""
+  venv = tmp_path / "bare"
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+  task = dataclasses.replace(tasks[0], verifier=dataclasses.replace(tasks[0].verifier,
+                                                                    kind="pytest"))
+  cfg = TrialConfig(sandbox=SandboxConfig(backend="local", env={"PATH": str(venv / "bin")}))
+  backend = RayTrialBackend(RayOptions(advertise_host="127.0.0.1"))
+  with pytest.raises(errors.ConfigError) as e:
+    run_trials([TrialJob(task, BuiltinAdapter())], proxy, cfg, str(tmp_path / "out"),
+               backend=backend)
+  msg = str(e.value)
+  assert "2 Ray node(s)" in msg and "cannot import pytest" in msg and "python3-pytest" in msg
+  assert not os.path.exists(tmp_path / "out" / "trials.jsonl")
 
 
 def test_unschedulable_and_lost_inputs_are_infrastructure(cluster, tasks, proxy, tmp_path):
