@@ -126,7 +126,6 @@ class RayTrialBackend:
     self._owns_ray = False
     self._lock = threading.Lock()
     self._task_refs: dict[int, Any] = {}
-    self._addresses: dict[int, tuple[str, int]] = {}
     self._remote = self._remote_once = None
     self._streaming = True
     # Called as on_start(trial_id, node_id) when an attempt starts on a node (progress, tests).
@@ -190,16 +189,23 @@ class RayTrialBackend:
             if n.get("Alive") and self._fits(n, config)]
 
   def address_of(self, proxy) -> tuple[str, int]:
-    """Where workers reach ``proxy``: opens its TCP listener on first use."""
+    """Where workers reach ``proxy``: opens its TCP listener on first use (on the first free
+    port of ``advertise_port``..+15 when that is set: a proxy per evaluation mode each takes
+    one, and a stopped proxy's port is taken again). The listener is the proxy's own state, so
+    a new proxy never gets a stopped one's address."""
+    o = self.options
     with self._lock:
-      if id(proxy) in self._addresses:
-        return self._addresses[id(proxy)]
-      o = self.options
-      port = o.advertise_port + len(self._addresses) if o.advertise_port else 0
-      _, real_port = proxy.listen_tcp(o.bind_host, port)
-      host = o.advertise_host or self._ray.util.get_node_ip_address()
-      self._addresses[id(proxy)] = (host, real_port)
-      return host, real_port
+      if o.advertise_port and proxy.port is None and proxy.tcp_listener is None:
+        for i in range(16):
+          try:
+            _, port = proxy.listen_tcp(o.bind_host, o.advertise_port + i)
+            break
+          except errors.ConfigError:
+            if i == 15:
+              raise
+      else:
+        _, port = proxy.listen_tcp(o.bind_host, 0)
+    return o.advertise_host or self._ray.util.get_node_ip_address(), port
 
   def prepare(self, proxies: Sequence[Any], config: TrialConfig, tasks: Sequence[Task]) -> None:
     """Connects, checks a trial fits somewhere and that every node trials may run on
@@ -263,6 +269,13 @@ class RayTrialBackend:
     log.info("ray: %d node(s) can run trials and reach the proxy; trial resources %s",
              len(set(seen)), need)
 
+  def release(self, tasks: Sequence[Task]) -> None:
+    """Drops the object-store copies of ``tasks`` (``run_trials`` calls it when its jobs are
+    done; a later run puts them again), so a long training run holds only the tasks in use."""
+    with self._lock:
+      for t in tasks:
+        self._task_refs.pop(id(t), None)
+
   # -- one attempt --------------------------------------------------------------------------
   def _task_ref(self, task: Task, *, fresh: bool = False):
     """The task's object (one ``ray.put`` per task per run). ``fresh``: put it again, for a
@@ -297,8 +310,8 @@ class RayTrialBackend:
           attempt=attempt, session_id=handle.session_id, token=handle.token,
           proxy_host=host, proxy_port=port)
       opts = dict(self.resources(config), max_retries=0)
-      others = [n for n in self.trial_nodes(config) if n not in set(avoid_nodes)]
-      if avoid_nodes and others:  # retry elsewhere when somewhere else can run it
+      if avoid_nodes and set(self.trial_nodes(config)) - set(avoid_nodes):
+        # retry elsewhere when somewhere else can run it
         opts["label_selector"] = {NODE_ID_LABEL: f"!in({','.join(sorted(set(avoid_nodes)))})"}
       args = (self._task_ref(task, fresh=bool(avoid_nodes)), job.adapter, dataclasses.replace(config, backend=None), req)
       run_limit = config.harness_timeout_s + task.verifier.timeout_s + self.options.result_margin_s

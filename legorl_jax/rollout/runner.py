@@ -171,9 +171,13 @@ def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: st
       on_result(res)
     return res
 
-  with concurrent.futures.ThreadPoolExecutor(max(1, concurrency),
-                                             thread_name_prefix="legorl-trial") as pool:
-    results = list(pool.map(one, jobs))
+  try:
+    with concurrent.futures.ThreadPoolExecutor(max(1, concurrency),
+                                               thread_name_prefix="legorl-trial") as pool:
+      results = list(pool.map(one, jobs))
+  finally:
+    if backend is not None:  # the tasks' copies on the cluster are not needed any more
+      backend.release([j.task for j in jobs])
   summary = summarize(results)
   summary["wall_s"] = time.perf_counter() - t0
   summary.update(extra_summary or {})
