@@ -147,9 +147,9 @@ class ProxyServer:
                  ) -> tuple[str, int]:
     """Also serves this running server on TCP ``host:port`` (0: a free port); returns the
     (host, port) it listens on. For clients on other machines (trials on Ray worker nodes,
-    ``rollout.ray_backend``) when the server was started with a Unix socket only. Once per
-    server: a second call returns the first listener. A server started with a TCP port
-    already returns that."""
+    ``rollout.ray_backend``) when the server was started with a Unix socket only; that
+    listener serves only session routes and ``/health``. Once per server: a second call
+    returns the first listener. A server started with a TCP port already returns that."""
     if self.port is not None:
       return self.host, self.port
     if self.tcp_listener is not None:
@@ -228,6 +228,13 @@ class ProxyServer:
   @web.middleware
   async def _guard(self, request: web.Request, handler):
     """Every failure becomes an error in the shape of the API the route belongs to."""
+    if self.tcp_listener is not None and self._on_remote_listener(request):
+      # The listener for remote trials faces a network: only sessions' own routes (each
+      # guarded by its token) and /health, never anonymous sampling or session creation.
+      if not (request.path.startswith("/sess/") or request.path == "/health"):
+        return self._error(request, ProxyError(
+            f"{request.path} is not served on the remote-trial listener; use a session route "
+            "(/sess/{id}/...).", status=403, code="permission_error"))
     try:
       return await handler(request)
     except ProxyError as e:
@@ -243,6 +250,10 @@ class ProxyServer:
       log.exception("unhandled error on %s %s", request.method, request.path)
       return self._error(request, ProxyError(f"internal error: {type(e).__name__}: {e}",
                                              status=500, code="server_error"))
+
+  def _on_remote_listener(self, request: web.Request) -> bool:
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    return isinstance(sock, tuple) and len(sock) >= 2 and sock[1] == self.tcp_listener[1]
 
   @staticmethod
   def _api_of(request: web.Request) -> str:

@@ -19,6 +19,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -152,6 +154,13 @@ def test_same_results_as_the_thread_pool(cluster, tasks, policy, proxy, tmp_path
       assert path.startswith(str(tmp_path / "ray")) and os.path.isfile(path), name
     assert os.path.isfile(b.trajectory_path)
   assert set(_leftovers()) == before
+  # The listener opened for the workers serves sessions and /health only.
+  host, port = backend.address_of(proxy)
+  with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=10) as r:
+    assert r.status == 200
+  with pytest.raises(urllib.error.HTTPError) as e:
+    urllib.request.urlopen(f"http://{host}:{port}/v1/models", timeout=10)
+  assert e.value.code == 403
 
 
 def test_unreachable_proxy_fails_at_start(cluster, tasks, policy, tmp_path):
