@@ -112,8 +112,8 @@ def run_trials(jobs: Sequence[TrialJob], proxy, config: TrialConfig, out_dir: st
 
   Writes ``out_dir/trials.jsonl`` (every attempt, as it finishes) and ``out_dir/summary.json``
   (``summarize`` of the final results plus ``extra_summary``). ``on_result`` sees each final
-  result (with its in-memory trajectory) on the worker thread that produced it. ``backend``:
-  None runs attempts on this machine; a ``RayTrialBackend`` on its cluster (``prepare``d here,
+  result (with its in-memory trajectory) on the worker thread that produced it. ``backend``
+  (default: ``config.backend``): None runs attempts on this machine; a ``RayTrialBackend`` on its cluster (``prepare``d here,
   so an unreachable proxy fails before the first trial).
   """
   backend = backend if backend is not None else config.backend
