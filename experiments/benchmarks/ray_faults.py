@@ -21,6 +21,7 @@ Prints one JSON line with both scenarios' counts and ``ok``.
 import collections
 import json
 import os
+import shutil
 import tempfile
 import time
 
@@ -168,6 +169,7 @@ def main(argv):
     proxy.stop()
     ray.shutdown()
     cluster.shutdown()
+    shutil.rmtree(root, ignore_errors=True)
   out["ok"] = all(v.get("ok", True) for k, v in out.items() if isinstance(v, dict))
   common.emit(out)
 

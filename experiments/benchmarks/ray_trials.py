@@ -19,6 +19,7 @@ and solved counts (all must be solved on both sides).
 """
 
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -79,6 +80,7 @@ def main(argv):
   finally:
     backend.close()
     proxy.stop()
+    shutil.rmtree(root, ignore_errors=True)
   thr, ray_rate = statistics.median(rates["threads"]), statistics.median(rates["ray"])
   out.update({
       "threads_trials_per_minute": round(thr, 1), "ray_trials_per_minute": round(ray_rate, 1),
