@@ -103,7 +103,7 @@ def make_trial_backend(config):
     raise errors.ConfigError(f"backend={config.backend!r}: choose 'threads' or 'ray'.")
   from legorl_jax.rollout.ray_backend import RayOptions, RayTrialBackend
   return RayTrialBackend(RayOptions(
-      address=config.ray_address, local_num_cpus=config.ray_num_cpus,
+      address=config.ray_address, local_num_cpus=config.ray_num_cpus or config.concurrency,
       trial_cpus=config.ray_trial_cpus, trial_memory_mb=config.ray_trial_memory_mb,
       advertise_host=config.advertise_host, advertise_port=config.advertise_port))
 

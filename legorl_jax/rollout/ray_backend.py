@@ -60,7 +60,8 @@ class RayOptions:
   trial_cpus / trial_memory_mb: what each trial declares (memory 0: not declared).
   sandbox_resource: a custom resource each Docker trial takes one unit of, so those trials go
     only where Docker is (start such nodes with ``--resources='{"sandbox": N}'``); "" = none.
-  local_num_cpus: logical CPUs of a local cluster (0: this machine's count).
+  local_num_cpus: logical CPUs of a local cluster (0: this machine's count; from a config,
+    ``rollout.ray_num_cpus`` or else ``rollout.concurrency``, as many as the pool would run).
   advertise_host / advertise_port: where workers reach the proxy ("": this node's IP as Ray
     sees it; 0: a free port). The proxy listens on ``bind_host`` at that port.
   schedule_timeout_s: an attempt not started by then is cancelled (infrastructure).
@@ -87,7 +88,8 @@ class RayOptions:
     return cls(address=str(r.get("ray_address", "")),
                trial_cpus=float(r.get("ray_trial_cpus", 1.0)),
                trial_memory_mb=int(r.get("ray_trial_memory_mb", 0)),
-               local_num_cpus=int(r.get("ray_num_cpus", 0)),
+               # A local cluster runs as many trials at once as the thread pool would.
+               local_num_cpus=int(r.get("ray_num_cpus", 0) or r.get("concurrency", 0)),
                advertise_host=str(p.get("advertise_host", "")),
                advertise_port=int(p.get("advertise_port", 0)))
 
