@@ -60,7 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Where trials run: "threads" (this process) or "ray" (a Ray cluster: rollout.ray_backend).
   # ray_address "" starts a local cluster; "auto" or "ray://HOST:10001" joins one. Each trial
   # declares ray_trial_cpus CPUs and ray_trial_memory_mb MiB (0: undeclared); ray_num_cpus
-  # sizes a local cluster (0: this machine's cores).
+  # sizes a local cluster (0: as many as rollout.concurrency).
   c.rollout.backend = "threads"
   c.rollout.ray_address = ""
   c.rollout.ray_trial_cpus = 1.0

@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.concurrency = 2
   c.max_retries = 1          # for infrastructure failures only
   # Where trials run: "threads" (this process) or "ray" (a Ray cluster). ray_address "" starts
-  # a local cluster (ray_num_cpus logical CPUs, 0: this machine's); "auto" or
+  # a local cluster (ray_num_cpus logical CPUs, 0: as many as concurrency); "auto" or
   # "ray://HOST:10001" joins one. Workers reach the proxy at advertise_host:advertise_port
   # ("": this node's IP as Ray sees it; 0: a free port).
   c.backend = "threads"
