@@ -8,11 +8,12 @@ rest grows with the window. ``--baseline_head`` also times, alternating in the s
 the tied output head computed through the transposed embedding (``x @ embed.T``, the previous
 formulation; the current one contracts the embedding's own minor axis). ``--baseline_sampling``
 likewise times the previous token sampler (``jnp.argmax``, and the inverse-CDF draw's passes over
-the vocabulary run even when every row is greedy). ``--fused`` also times the step with q|k|v and
-gate|up fused into one matmul each (``sampling.fused``; the engine's default is separate
-kernels, which measured faster here). ``--xla_options`` adds variants of the current step compiled with XLA:CPU
-options (``name:option=value+option=value``; ``jit(...).lower().compile(compiler_options=)``),
-timed alternating with the rest in the same process. Prints one JSON line.
+the vocabulary run even when every row is greedy). ``--fused`` also times the step with
+q|k|v and gate|up fused into one matmul each (``sampling.fused``; the engine's default is
+separate kernels, which measured no slower here). ``--xla_options`` adds variants of the
+current step compiled with XLA:CPU options (``name:option=value+option=value``, repeatable;
+``jit(...).lower().compile(compiler_options=)``), timed alternating with the rest in the same
+process. Prints one JSON line.
 
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 1 --windows 256,1024,2048,4096
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 16 --windows 512 --baseline_head
@@ -22,8 +23,8 @@ timed alternating with the rest in the same process. Prints one JSON line.
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --preset smollm2-135m --rows 32 \
       --windows 640 --temperature 0.6 --fused --repeats 20
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --preset smollm2-135m --rows 32 \
-      --windows 640 --temperature 0.6 --xla_options \
-      ynn_dot:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT,onednn:xla_cpu_use_onednn=true
+      --windows 640 --temperature 0.6 --xla_options onednn:xla_cpu_use_onednn=true \
+      --xla_options ynn_dot:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ flags.DEFINE_string("profile_dir", None, "Also run each window's current decode 
 flags.DEFINE_bool("baseline_head", False, "Also time the tied head through embed.T.")
 flags.DEFINE_bool("baseline_sampling", False, "Also time the previous token sampler.")
 flags.DEFINE_bool("fused", False, "Also time q|k|v and gate|up fused into one matmul each.")
-flags.DEFINE_list("xla_options", [], "Variants NAME:OPTION=VALUE+OPTION=VALUE of the current "
-                  "step compiled with those XLA compiler options.")
+flags.DEFINE_multi_string("xla_options", [], "A variant NAME:OPTION=VALUE+OPTION=VALUE of the "
+                          "current step compiled with those XLA compiler options (repeatable).")
 FLAGS = flags.FLAGS
 
 

@@ -30,13 +30,13 @@ an uninterrupted one would.
 
 from __future__ import annotations
 
-import json
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from legorl_jax import errors
 from legorl_jax.trainer.task_filter import task_key
+from legorl_jax.utils import safe_json
 
 
 WEIGHTS = ("variance", "mixed")
@@ -175,7 +175,7 @@ def priors_from_screen(path: str, checkpoint: str = "", temperature: float | Non
   ``checkpoint`` at ``temperature`` when there is one, else the top-ranked row."""
   try:
     with open(path) as f:
-      screen = json.load(f)
+      screen = safe_json.load(f)
   except (OSError, ValueError) as e:
     raise errors.ConfigError(f"config rollout.pass_rate.priors={path!r} is not a readable screen "
                              f"JSON ({e}); run experiments.screen or set it to ''.") from e

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import os
 import re
 from typing import Sequence
@@ -39,6 +38,7 @@ from legorl_jax import errors
 from legorl_jax.rewards import status as st
 from legorl_jax.trainer import eval_stats, task_sets
 from legorl_jax.trainer.task_filter import task_key
+from legorl_jax.utils import safe_json
 
 CHECKPOINT_DIR = "sft_checkpoints"
 
@@ -181,7 +181,7 @@ def apply_best(cfg, screen_json: str):
   """A copy of ``cfg`` set as ``best_overrides`` of the screen in ``screen_json`` says."""
   try:
     with open(screen_json) as f:
-      screen = json.load(f)
+      screen = safe_json.load(f)
     best = screen["best"]
   except (OSError, ValueError, KeyError) as e:
     raise errors.ConfigError(f"{screen_json} is not a screen's JSON with a 'best' row ({e}); run "

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from legorl_jax import errors
+from legorl_jax.utils import safe_json
 
 
 @dataclasses.dataclass
@@ -88,13 +89,13 @@ def arm_figures(workdir: str) -> dict:
   path = os.path.join(workdir, "metrics.jsonl")
   if os.path.exists(path):
     with open(path) as f:
-      train = [m for m in (json.loads(l) for l in f if l.strip()) if m.get("phase") == "train"]
+      train = [m for m in (safe_json.loads(l, what=path) for l in f if l.strip()) if m.get("phase") == "train"]
   zero = [m["groups_zero_variance_frac"] for m in train if m.get("groups_zero_variance_frac") is not None]
   solve = [m["solve_rate"] for m in train if m.get("solve_rate") is not None]
   summary = {}
   if os.path.exists(os.path.join(workdir, "summary.json")):
     with open(os.path.join(workdir, "summary.json")) as f:
-      summary = json.load(f)
+      summary = safe_json.load(f)
   return {"steps": len(train),
           "mixed_share": float(1.0 - np.mean(zero)) if zero else None,
           "train_solve_rate": float(np.mean(solve)) if solve else None,
