@@ -104,9 +104,38 @@ def _crash():
   os._exit(1)
 
 
+def _ancestors(pid: int) -> set[int]:
+  """The parent chain of a live process (empty once it is gone)."""
+  out = set()
+  while pid > 1:
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+      break
+    out.add(pid)
+  return out
+
+
+def _ours(path: str) -> bool:
+  """Whether a worker directory may belong to this test's cluster: its owner (the pid in its
+  name) is gone, or descends from this process. Another Ray cluster on the same host (a
+  benchmark, a second test run) makes directories of the same names; they are not ours."""
+  name = os.path.basename(path)
+  for prefix in (ray_worker.TRIAL_PREFIX, ray_worker.FORWARDER_PREFIX):
+    if name.startswith(prefix):
+      try:
+        pid = int(name[len(prefix):].split("-", 1)[0])
+      except ValueError:
+        return True
+      return not os.path.exists(f"/proc/{pid}") or os.getpid() in _ancestors(pid)
+  return True
+
+
 def _leftovers():
-  return (glob.glob(f"/tmp/{ray_worker.TRIAL_PREFIX}*")
-          + glob.glob(f"/tmp/{ray_worker.FORWARDER_PREFIX}*"))
+  found = (glob.glob(f"/tmp/{ray_worker.TRIAL_PREFIX}*")
+           + glob.glob(f"/tmp/{ray_worker.FORWARDER_PREFIX}*"))
+  return [p for p in found if _ours(p)]
 
 
 @pytest.mark.parametrize("sandbox", ["local", pytest.param("docker", marks=pytest.mark.docker)])
