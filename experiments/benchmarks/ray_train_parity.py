@@ -22,6 +22,7 @@ import tempfile
 from absl import app, flags
 
 from experiments.benchmarks import common
+from experiments.configs import demo_tiny
 from legorl_jax.utils import safe_json
 
 flags.DEFINE_integer("steps", 2, "GRPO steps of each run.")
@@ -29,14 +30,6 @@ flags.DEFINE_integer("seed", 0, "The runs' seed.")
 flags.DEFINE_string("workdir", None, "Where the two runs go (default: a temporary directory).")
 FLAGS = flags.FLAGS
 
-# The pipeline test's small tiny-preset run (tests/trainer/test_pipeline.py).
-SMALL = ["--config.sft.steps=3", "--config.sft.num_demos=4", "--config.sft.rows_per_batch=4",
-         "--config.sft.check_demos=2", "--config.sft.check_every=2",
-         "--config.tasks.num_train=8", "--config.tasks.num_val=2", "--config.eval.samples=2",
-         "--config.rollout.tasks_per_step=2", "--config.rollout.samples_per_task=2",
-         "--config.rollout.concurrency=4", "--config.trainer.rows_per_batch=4",
-         "--config.trainer.micro_batches=2", "--config.sampling.max_tokens=48",
-         "--config.harness.max_turns=2", "--config.engine.max_batch=4"]
 # What a trial record must agree on (not timings, paths or the node it ran on).
 FIELDS = ("task_id", "group", "status", "reward", "turns", "prompt_tokens", "sampled_tokens",
           "harness_status", "phase", "step", "mode", "final")
@@ -52,7 +45,7 @@ def _jsonl(path: str) -> list[dict]:
 def _run(workdir: str, backend: str, steps: int, seed: int) -> tuple[dict, float]:
   cmd = [sys.executable, "-m", "experiments.train", "--config=experiments/configs/demo_tiny.py",
          f"--workdir={workdir}", f"--config.trainer.steps={steps}", f"--config.seed={seed}",
-         f"--config.rollout.backend={backend}", *SMALL]
+         f"--config.rollout.backend={backend}", *demo_tiny.SMALL_RUN]
   with common.Timer() as t:
     r = subprocess.run(cmd, cwd=common.REPO, env=common.child_env(), capture_output=True,
                        text=True)

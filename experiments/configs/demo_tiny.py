@@ -46,3 +46,15 @@ def get_config():
   c.trainer.steps = 10
   c.optim.learning_rate = 1e-3
   return c
+
+
+# Command-line overrides that shrink this config to a run of a minute or two (a few SFT steps,
+# 8 training tasks, groups of 2, short completions): the pipeline tests' run and the benchmarks
+# that compare two such runs (``experiments/benchmarks/ray_train_parity.py``).
+SMALL_RUN = ["--config.sft.steps=3", "--config.sft.num_demos=4", "--config.sft.rows_per_batch=4",
+             "--config.sft.check_demos=2", "--config.sft.check_every=2",
+             "--config.tasks.num_train=8", "--config.tasks.num_val=2", "--config.eval.samples=2",
+             "--config.rollout.tasks_per_step=2", "--config.rollout.samples_per_task=2",
+             "--config.rollout.concurrency=4", "--config.trainer.rows_per_batch=4",
+             "--config.trainer.micro_batches=2", "--config.sampling.max_tokens=48",
+             "--config.harness.max_turns=2", "--config.engine.max_batch=4"]

@@ -34,6 +34,7 @@ from typing import Any
 
 from legorl_jax.rewards import status as st
 from legorl_jax.rollout.trial import TrialResult, execute_trial
+from legorl_jax.sandbox.relay import pump
 
 # A log file larger than this comes back as its last bytes only (the harness's own output is
 # already bounded by the sandbox's OutputSink; this guards the Ray reply size).
@@ -118,9 +119,9 @@ class ProxyForwarder:
       return
     with self._lock:
       self._conns.update((client, upstream))
-    back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
     back.start()
-    _pump(client, upstream)
+    pump(client, upstream)
     back.join()
     with self._lock:
       self._conns.difference_update((client, upstream))
@@ -146,22 +147,6 @@ class ProxyForwarder:
     if self._dir is not None:
       shutil.rmtree(self._dir, ignore_errors=True)
       self._dir = None
-
-
-def _pump(src: socket.socket, dst: socket.socket):
-  try:
-    while True:
-      data = src.recv(65536)
-      if not data:
-        break
-      dst.sendall(data)
-  except OSError:
-    pass
-  finally:
-    try:
-      dst.shutdown(socket.SHUT_WR)
-    except OSError:
-      pass
 
 
 def probe_proxy(host: str, port: int, timeout_s: float = 5.0,

@@ -15,7 +15,9 @@ import sys
 import threading
 
 
-def _pump(src, dst):
+def pump(src, dst):
+  """Copies ``src`` to ``dst`` until EOF, then half-closes ``dst`` (also used by
+  ``rollout.ray_worker``'s forwarder)."""
   try:
     while True:
       data = src.recv(65536)
@@ -40,9 +42,9 @@ def _serve_one(client, unix_path):
     client.close()
     upstream.close()
     return
-  t = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+  t = threading.Thread(target=pump, args=(upstream, client), daemon=True)
   t.start()
-  _pump(client, upstream)
+  pump(client, upstream)
   t.join()
   client.close()
   upstream.close()

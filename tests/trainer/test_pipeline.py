@@ -8,18 +8,12 @@ import sys
 
 import pytest
 
+from experiments.configs import demo_tiny
 from legorl_jax.utils import cpu_time
 from tests.xla_flags import subprocess_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SMALL = ["--config.sft.steps=3", "--config.sft.num_demos=4", "--config.sft.rows_per_batch=4",
-         "--config.sft.check_demos=2", "--config.sft.check_every=2",
-         "--config.tasks.num_train=8", "--config.tasks.num_val=2", "--config.eval.samples=2",
-         "--config.rollout.tasks_per_step=2", "--config.rollout.samples_per_task=2",
-         "--config.rollout.concurrency=4", "--config.trainer.rows_per_batch=4",
-         "--config.trainer.micro_batches=2", "--config.sampling.max_tokens=48",
-         "--config.harness.max_turns=2", "--config.engine.max_batch=4",
-         "--config.checkpoint.every=1"]
+SMALL = [*demo_tiny.SMALL_RUN, "--config.checkpoint.every=1"]
 
 
 def _train(workdir, *extra):
