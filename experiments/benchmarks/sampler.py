@@ -24,7 +24,8 @@ plus attention over the context).
 With ``--group G`` it times the GRPO shape instead (``sampler_group``): ``--prompts`` prompts of
 ``--prompt_len`` tokens, ``G`` samples each at ``--temperature``, all decoded together, against
 ``generate(num_return_sequences=G)``; ``--attn_steps 128,0`` times the fill-following windows
-and the previous power-of-two ones (0) side by side:
+and the previous power-of-two ones (0) side by side, ``--share_prefix 0,1`` the shared-prompt
+decode attention off and on:
 
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.sampler --model=smollm2-135m-instruct \
       --group 8 --prompts 4 --prompt_len 448 --new_tokens 192 --repeats 3 --torch_threads 2
@@ -68,6 +69,8 @@ flags.DEFINE_float("temperature", 0.6, "GRPO shape: sampling temperature (no top
 flags.DEFINE_integer("max_len", 1024, "GRPO shape: engine cache slots per row (the demo's).")
 flags.DEFINE_list("attn_steps", ["128"], "GRPO shape: engine window steps to time side by "
                   "side (0: power-of-two windows).")
+flags.DEFINE_list("share_prefix", ["0"], "GRPO shape: shared-prompt decode attention off (0) "
+                  "and/or on (1), each with every --attn_steps entry, side by side.")
 FLAGS = flags.FLAGS
 
 
@@ -143,7 +146,8 @@ def main(argv):
         model, hf_model, prompts=args.prompts, group=args.group, prompt_len=args.prompt_len,
         new_tokens=args.new_tokens, temperature=args.temperature, repeats=args.repeats,
         max_len=args.max_len, attn_steps=[int(s) for s in args.attn_steps],
-        decode_chunk=args.decode_chunk))
+        decode_chunk=args.decode_chunk,
+        share_prefix=tuple(bool(int(s)) for s in args.share_prefix)))
     result["load_avg_1m"] = common.load_avg_1m()
     common.emit(result)
     return

@@ -22,14 +22,15 @@ from legorl_jax.sampling.steps import COMPILATIONS
 
 
 def make_engine(model, rows: int, max_len: int, attn_step: int, decode_chunk: int,
-                prefill_chunk: int = 64) -> Engine:
+                prefill_chunk: int = 64, share_prefix: bool = False) -> Engine:
   """The demo's engine layout (``experiments/configs/demo.py``): ``rows`` cache rows,
   ``max_len`` slots, a 64-token prefill chunk, the prefix cache on. ``attn_step=0`` gives the
-  previous power-of-two windows (the baseline of the window change)."""
+  previous power-of-two windows (the baseline of the window change); ``share_prefix`` the
+  shared-prompt decode attention (``sampling.shared_prefix``)."""
   windows = None if attn_step else geometric(min(128, max_len), max_len, 2)
   return Engine(model, max_batch=rows, max_len=max_len, prefill_chunk=prefill_chunk,
                 decode_chunk=decode_chunk, attn_buckets=windows, attn_step=attn_step or 128,
-                seed=0)
+                seed=0, share_prefix=share_prefix)
 
 
 def engine_run(engine: Engine, prompts: list[list[int]], group: int, new_tokens: int,
@@ -79,9 +80,9 @@ def hf_run(hf_model, prompts: list[list[int]], group: int, new_tokens: int,
 
 def run(model, hf_model, *, prompts: int, group: int, prompt_len: int, new_tokens: int,
         temperature: float, repeats: int, max_len: int, attn_steps: list[int],
-        decode_chunk: int) -> dict:
-  """Times each engine variant (one per ``attn_steps`` entry) and ``generate``, alternating;
-  returns the JSON fields (medians)."""
+        decode_chunk: int, share_prefix: tuple[bool, ...] = (False,)) -> dict:
+  """Times each engine variant (one per ``attn_steps`` x ``share_prefix`` pair) and
+  ``generate``, alternating; returns the JSON fields (medians)."""
   rows = prompts * group
   if prompt_len + new_tokens > max_len:
     raise ValueError(f"--prompt_len + --new_tokens must fit --max_len={max_len}.")
@@ -95,11 +96,11 @@ def run(model, hf_model, *, prompts: int, group: int, prompt_len: int, new_token
              new_tokens=new_tokens, temperature=temperature, max_len=max_len,
              decode_chunk=decode_chunk, repeats=repeats)
   engines = {}
-  for step in attn_steps:
-    eng = make_engine(model, rows, max_len, step, decode_chunk).start()
+  for step, share in ((a, s) for s in share_prefix for a in attn_steps):
+    eng = make_engine(model, rows, max_len, step, decode_chunk, share_prefix=share).start()
     before, t0 = sum(COMPILATIONS.values()), time.perf_counter()
     engine_run(eng, fresh(), group, new_tokens, temperature, seed=1)  # cold: compiles
-    tag = f"attn{step}" if step else "attn_pow2"
+    tag = (f"attn{step}" if step else "attn_pow2") + ("_shared" if share else "")
     out[f"{tag}_windows"] = list(eng.attn_buckets)
     out[f"{tag}_first_call_s"] = round(time.perf_counter() - t0, 2)
     out[f"{tag}_compiled_shapes"] = sum(COMPILATIONS.values()) - before

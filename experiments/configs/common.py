@@ -51,6 +51,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.engine.attn_step = 128  # attention windows: multiples of 128 slots (8 per doubling past 1k)
   c.engine.prefix_cache = True    # prompt prefixes shared across requests (a group's prompt)
   c.engine.prefix_cache_gb = 0.5  # LRU store for prefixes evicted from the engine's rows
+  # Shared-prompt decode attention: a group's common prompt K/V read once per decode step, not
+  # once per row (sampling.shared_prefix).
+  c.engine.share_prefix = False
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.tasks_per_step = 8

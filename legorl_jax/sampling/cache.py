@@ -170,7 +170,8 @@ def _write_routes(routes: jax.Array, new: jax.Array, slot: jax.Array) -> jax.Arr
   return routes.at[rows, slot].set(new, mode="promise_in_bounds")
 
 
-def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache, fused=None):
+def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache, fused=None,
+            shared=None):
   """Runs new tokens of a ``Decoder`` against the cache.
 
   Args:
@@ -185,14 +186,20 @@ def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache, fus
       at its slot too (padding tokens' land in scratch).
     fused: optional ``sampling.fused.fuse`` of the model: q|k|v and gate|up as one matmul
       each (the same function).
+    shared: optional ``sampling.shared_prefix.Prefix`` (decode steps): ``cache`` is then a
+      suffix window whose first slot after scratch holds position ``shared.offset``, and
+      attention also covers the groups' shared prefix ``[0, offset)``.
   Returns:
     (hidden [B, T, D] final-normed, updated cache).
   """
   s = cache.v[0].shape[-2]
-  slots = jnp.arange(s, dtype=jnp.int32) - SCRATCH  # the position each slot holds
+  offset = 0 if shared is None else shared.offset
+  index = jnp.arange(s, dtype=jnp.int32)
+  slots = jnp.where(index >= SCRATCH, index - SCRATCH + offset, -1)  # each slot's position
   mask = ((slots[None, None, :] >= 0) & (slots[None, None, :] <= positions[:, :, None])
           & (positions[:, :, None] >= 0))
-  slot = jnp.where(positions >= 0, positions + SCRATCH, 0)  # padding writes into scratch
+  # padding writes into scratch
+  slot = jnp.where(positions >= 0, positions - offset + SCRATCH, 0)
   x = model.embed_tokens(input_ids)
   ks, vs, routes = [], [], []
   b, t = input_ids.shape
@@ -204,7 +211,10 @@ def forward(model, input_ids: jax.Array, positions: jax.Array, cache: Cache, fus
     v_cache = _write(cache.v[i], v, slot, V_SLOT_AXIS)
     ks.append(k_cache)
     vs.append(v_cache)
-    o = attend(q, k_cache.astype(x.dtype), v_cache.astype(x.dtype), mask)
+    if shared is None:
+      o = attend(q, k_cache.astype(x.dtype), v_cache.astype(x.dtype), mask)
+    else:
+      o = shared.attend(i, q, k_cache.astype(x.dtype), v_cache.astype(x.dtype), mask)
     x = x + block.attn.output(o)
     if cache.routes is not None and block.sparse:
       y, routing = block.mlp.routed(block.mlp_norm(x))

@@ -134,14 +134,17 @@ class Device:
     else:
       self.cache, self._window_buffers[kind] = out
 
-  def decode(self, rows, num_rows: int, attn: int, num_steps: int):
-    """Runs one decode chunk on rows ``[0, num_rows)``; returns (rows, out_ids, out_logp)."""
+  def decode(self, rows, num_rows: int, attn: int, num_steps: int, shared=None):
+    """Runs one decode chunk on rows ``[0, num_rows)``; returns (rows, out_ids, out_logp).
+    ``shared``: ``(prefix_len, groups)`` from ``shared_prefix.plan``, or None."""
+    prefix_len, groups = shared if shared is not None else (0, None)
     buf = None
-    if num_rows < self.num_rows or attn < self.max_len:  # else the window is the whole cache
-      buf = self._window_buffer("decode", steps.decode_window_shapes(self.cache, num_rows, attn))
+    if prefix_len or num_rows < self.num_rows or attn < self.max_len:  # else the whole cache
+      buf = self._window_buffer("decode", steps.decode_window_shapes(self.cache, num_rows, attn,
+                                                                     prefix_len))
     out = self.decode_step(self.graphdef, self.state, self.cache, rows, num_rows=num_rows,
                            attn_len=attn, num_steps=num_steps, window_buffer=buf,
-                           fused=self.fused)
+                           fused=self.fused, groups=groups, prefix_len=prefix_len)
     self.cache = out[0]
     if buf is not None:
       self._window_buffers["decode"] = out[4]

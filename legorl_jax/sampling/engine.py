@@ -75,6 +75,10 @@ class Engine:
     attn_step: the default windows' spacing: multiples of it up to ``8 * attn_step``, then eight
       per doubling (a call attends over at most ``attn_step`` slots, or 1/8, past its longest
       row). Ignored when ``attn_buckets`` is given.
+    share_prefix: shared-prompt decode attention (``sampling.shared_prefix``): rows whose
+      prompts agree on their first ``P`` tokens (``P`` a window size, chosen per decode call)
+      read that prefix's K/V once per group and step, from one row, instead of once per row.
+      Results equal the plain path's to float tolerance.
     decode_chunk: sampling steps per device call (host round trip).
     max_stop_ids: most stop token ids per request.
     seed: engine seed for requests without ``SamplingParams.seed``.
@@ -110,7 +114,7 @@ class Engine:
                cache_dtype=None, join_window_s: float = 0.003, prefill_chunk: int | None = None,
                prefix_cache_gb: float = 0.0, reuse_sampled_kv: bool = False,
                record_routes: bool | None = None, attn_step: int = 128,
-               fuse_projections: bool = False):
+               fuse_projections: bool = False, share_prefix: bool = False):
     cfg = model.config
     if record_routes is None:
       record_routes = bool(cfg.moe_layers)
@@ -157,7 +161,8 @@ class Engine:
                     prefill_rows=self.prefill_rows, decode_rows=self.decode_rows,
                     attn_buckets=self.attn_buckets, decode_chunk=decode_chunk,
                     max_stop_ids=max_stop_ids, join_window_s=join_window_s,
-                    prefix_reuse=prefix_reuse, reuse_sampled_kv=reuse_sampled_kv)
+                    prefix_reuse=prefix_reuse, reuse_sampled_kv=reuse_sampled_kv,
+                    share_prefix=bool(share_prefix))
     self._scheduler = Scheduler(layout, self._device,
                                 prefix_cache.PrefixStore(max_batch, store_rows), self._decode_fn)
     self._thread: threading.Thread | None = None
@@ -206,14 +211,17 @@ class Engine:
     compacted towards the front), cancelled (requests whose future was cancelled, dropped at
     the next chunk), prefix_copies (prefixes copied between rows: from the store, another
     row, or into the store), prefix_store_rows, prefix_store_hits, prefix_store_evictions,
-    evictions (session rows given to others), params_version, and compilations {prefill,
+    evictions (session rows given to others), shared_prefix_calls (decode calls with
+    shared-prompt attention) and shared_prefix_saved_slots (K/V slots per step those calls did
+    not read, summed over calls), params_version, and compilations {prefill,
     decode, swap_rows, copy_prefix, row_routes (route-recording engines only)}: traces of the
     shared jitted steps so far, process-wide (engines of one model shape share executables)."""
     sched = self._scheduler
     out = {k: sched.stats[k] for k in ("requests", "failed", "prefill_tokens", "reused_tokens",
                                        "decoded_tokens", "prefill_calls", "decode_calls",
                                        "decode_row_steps", "live_row_steps", "row_moves",
-                                       "cancelled", "prefix_copies")}
+                                       "cancelled", "prefix_copies", "shared_prefix_calls",
+                                       "shared_prefix_saved_slots")}
     out["prefill_s"] = float(sched.stats["prefill_s"])
     out["decode_s"] = float(sched.stats["decode_s"])
     out["prefix_store_rows"] = sched.store.num_rows

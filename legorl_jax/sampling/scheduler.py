@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from legorl_jax import errors
-from legorl_jax.sampling import prefix_cache, steps
+from legorl_jax.sampling import prefix_cache, shared_prefix, steps
 from legorl_jax.sampling.buckets import bucket
 from legorl_jax.sampling.device import Device
 from legorl_jax.sampling.params import Completion, SamplingParams
@@ -44,6 +44,7 @@ class Layout:
   join_window_s: float
   prefix_reuse: bool
   reuse_sampled_kv: bool
+  share_prefix: bool = False
 
   def chunk_attn(self, k: int) -> int:
     """Attention window of prefill chunk ``k``: a function of ``k`` alone (see run_prefill)."""
@@ -343,7 +344,17 @@ class Scheduler:
     num_rows = bucket(lay.decode_rows, max(r.slot for r in ready) + 1)
     attn = bucket(lay.attn_buckets, max(int(self.rows.positions[r.slot]) for r in ready) + k)
     rows = jax.tree.map(lambda x: x[:num_rows], self.rows)
-    new_rows, out_ids, out_logp = self.device.decode(rows, num_rows, attn, k)
+    shared = None
+    if lay.share_prefix:
+      # Splits below the window only; a row's K/V below its prefill end came from prefill or a
+      # prefix copy of the same ids (chunks aligned to positions), so equal ids, equal K/V.
+      shared = shared_prefix.plan([(r.slot, r.prompt_np, r.prefill_end) for r in ready],
+                                  num_rows, [b for b in lay.attn_buckets if b < attn])
+      if shared is not None:
+        groups = int((shared[1].members[:, 0] < num_rows).sum())
+        self.stats["shared_prefix_calls"] += 1
+        self.stats["shared_prefix_saved_slots"] += shared[0] * (len(ready) - groups)
+    new_rows, out_ids, out_logp = self.device.decode(rows, num_rows, attn, k, shared=shared)
     new_rows, out_ids, out_logp = jax.device_get((new_rows, out_ids, out_logp))
     self.stats["decode_calls"] += 1
     self.stats["decode_row_steps"] += num_rows * k

@@ -34,6 +34,8 @@ from flax import nnx
 
 from legorl_jax.sampling.cache import (K_SLOT_AXIS, ROUTE_SLOT_AXIS, SCRATCH, V_SLOT_AXIS, Cache,
                                        forward)
+from legorl_jax import errors
+from legorl_jax.sampling import shared_prefix
 from legorl_jax.sampling.sample import row_keys, sample_tokens
 
 
@@ -95,9 +97,11 @@ def squeeze(window: Cache) -> Cache:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), window)
 
 
-def decode_window_shapes(cache: Cache, num_rows: int, attn_len: int) -> Cache:
-  """The shapes of ``decode_steps``' window buffer: ``window_shapes``, squeezed for one row."""
-  shapes = window_shapes(cache, num_rows, attn_len)
+def decode_window_shapes(cache: Cache, num_rows: int, attn_len: int,
+                         prefix_len: int = 0) -> Cache:
+  """The shapes of ``decode_steps``' window buffer: ``window_shapes``, squeezed for one row
+  (with a shared prefix, the suffix window of ``attn_len - prefix_len`` positions)."""
+  shapes = window_shapes(cache, num_rows, attn_len - prefix_len)
   return squeeze(shapes) if num_rows == 1 else shapes
 
 
@@ -111,7 +115,7 @@ def _into(buffer: Cache | None, window: Cache) -> Cache:
 
 def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: int,
                  attn_len: int, num_steps: int, window_buffer: Cache | None = None,
-                 fused=None):
+                 fused=None, groups: shared_prefix.Groups | None = None, prefix_len: int = 0):
   """Runs up to ``num_steps`` sampling steps for cache rows ``[0, num_rows)`` on device (fewer
   when every row finishes first).
 
@@ -126,6 +130,11 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
     window_buffer: optional (donated) arrays of the window's shapes to carry the loop's window
       in: ``decode_window_shapes(cache, num_rows, attn_len)`` (see the module docstring).
     fused: optional ``sampling.fused.fuse(graphdef, state)`` (one matmul for q|k|v and gate|up).
+    groups, prefix_len: shared-prompt attention (``sampling.shared_prefix``): each group's
+      positions ``[0, prefix_len)`` are read from its leader's row, gathered once before the
+      loop; the loop's window holds only ``[prefix_len, attn_len)``. Callers guarantee every
+      active row's position is >= ``prefix_len`` and its ``[0, prefix_len)`` K/V equals its
+      leader's. ``prefix_len`` 0: plain attention.
 
   Returns:
     (cache, rows, out_ids int32 [K, R], out_logp float32 [K, R]); ``out_ids`` is -1 where the
@@ -133,7 +142,14 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
     fifth output (the buffer for the next call).
   """
   model = nnx.merge(graphdef, state)
-  sub = cache.window(num_rows, attn_len)
+  prefix = None
+  if prefix_len:
+    if groups is None or num_rows == 1:
+      raise errors.SamplingError("decode_steps: prefix_len needs groups and more than one row")
+    prefix = shared_prefix.gather(cache, prefix_len, groups)
+    sub = shared_prefix.suffix_window(cache, num_rows, prefix_len, attn_len)
+  else:
+    sub = cache.window(num_rows, attn_len)
   # One row carries its cache without the batch axis (see ``cache.forward``).
   squeeze = num_rows == 1
   if squeeze:
@@ -144,7 +160,7 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
   def step(i, carry):
     sub, r, out_ids, out_logp = carry
     active = r.positions >= 0
-    hidden, sub = forward(model, r.tokens[:, None], r.positions[:, None], sub, fused)
+    hidden, sub = forward(model, r.tokens[:, None], r.positions[:, None], sub, fused, prefix)
     logits = model.logits_from_hidden(hidden[:, 0])
     keys = row_keys(r.seeds, jnp.maximum(r.positions, 0))
     # Inactive rows (idle, or finished) count as greedy: their tokens are dropped, and a batch
@@ -177,7 +193,10 @@ def decode_steps(graphdef, state, cache: Cache, rows: DecodeRows, *, num_rows: i
   carried = sub
   if squeeze:
     sub = jax.tree.map(lambda x: x[None], sub)
-  cache = cache.put_window(num_rows, sub)
+  if prefix is None:
+    cache = cache.put_window(num_rows, sub)
+  else:
+    cache = shared_prefix.put_suffix_window(cache, prefix_len, sub)
   if window_buffer is None:
     return cache, rows, out_ids, out_logp
   return cache, rows, out_ids, out_logp, carried
@@ -232,5 +251,5 @@ COPY_PREFIX = jax.jit(_counted("copy_prefix", copy_prefix), static_argnames=("at
                       donate_argnums=(0,))
 ROW_ROUTES = jax.jit(_counted("row_routes", row_routes))
 DECODE = jax.jit(_counted("decode", decode_steps), static_argnums=(0,),
-                 static_argnames=("num_rows", "attn_len", "num_steps"),
+                 static_argnames=("num_rows", "attn_len", "num_steps", "prefix_len"),
                  donate_argnames=("cache", "window_buffer"))

@@ -28,7 +28,8 @@ class PolicyService:
         seed=int(cfg.get("seed", 0)), decode_fn=tokenizer,
         prefix_reuse=bool(cfg.engine.get("prefix_cache", True)),
         prefix_cache_gb=float(cfg.engine.get("prefix_cache_gb", 0.0)),
-        attn_step=int(cfg.engine.get("attn_step", 128)))
+        attn_step=int(cfg.engine.get("attn_step", 128)),
+        share_prefix=bool(cfg.engine.get("share_prefix", False)))
     self.engine.start()
     self._proxies: dict[str, ProxyServer] = {}
 

@@ -42,9 +42,9 @@ def test_engine_attends_over_the_filled_window_not_a_power_of_two():
   windows = []
   device_decode = engine._device.decode
 
-  def spy(rows, num_rows, attn, num_steps):
+  def spy(rows, num_rows, attn, num_steps, **kw):
     windows.append((int(np.max(rows.positions)), attn))
-    return device_decode(rows, num_rows, attn, num_steps)
+    return device_decode(rows, num_rows, attn, num_steps, **kw)
 
   engine._device.decode = spy
   prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, 300).tolist()
