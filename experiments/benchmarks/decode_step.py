@@ -13,7 +13,8 @@ q|k|v and gate|up fused into one matmul each (``sampling.fused``; the engine's d
 separate kernels, which measured no slower here). ``--xla_options`` adds variants of the
 current step compiled with XLA:CPU options (``name:option=value+option=value``, repeatable;
 ``jit(...).lower().compile(compiler_options=)``), timed alternating with the rest in the same
-process. Prints one JSON line.
+process. ``--shared G:P`` also times the shared-prompt attention (``sampling.shared_prefix``):
+the rows in ``G`` groups whose prompts agree on their first ``P`` positions. Prints one JSON line.
 
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 1 --windows 256,1024,2048,4096
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --rows 16 --windows 512 --baseline_head
@@ -22,6 +23,8 @@ process. Prints one JSON line.
       --windows 256,512,1024 --temperature 0.6
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --preset smollm2-135m --rows 32 \
       --windows 640 --temperature 0.6 --fused --repeats 20
+  JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --preset smollm2-135m --rows 32 \
+      --windows 640 --temperature 0.6 --shared 4:384
   JAX_PLATFORMS=cpu python -m experiments.benchmarks.decode_step --preset smollm2-135m --rows 32 \
       --windows 640 --temperature 0.6 --xla_options onednn:xla_cpu_use_onednn=true \
       --xla_options ynn_dot:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT
@@ -47,6 +50,7 @@ from legorl_jax.models import create_model  # noqa: E402
 from legorl_jax.models import decoder as decoder_lib  # noqa: E402
 from legorl_jax.sampling import fused as fused_lib  # noqa: E402
 from legorl_jax.sampling import sample as sample_lib  # noqa: E402
+from legorl_jax.sampling import shared_prefix  # noqa: E402
 from legorl_jax.sampling import steps  # noqa: E402
 from legorl_jax.sampling.cache import SCRATCH, Cache  # noqa: E402
 
@@ -64,6 +68,8 @@ flags.DEFINE_bool("baseline_sampling", False, "Also time the previous token samp
 flags.DEFINE_bool("fused", False, "Also time q|k|v and gate|up fused into one matmul each.")
 flags.DEFINE_multi_string("xla_options", [], "A variant NAME:OPTION=VALUE+OPTION=VALUE of the "
                           "current step compiled with those XLA compiler options (repeatable).")
+flags.DEFINE_string("shared", None, "G:P: also time shared-prompt attention, the rows in G "
+                    "groups sharing positions [0, P) (a window size below each window).")
 FLAGS = flags.FLAGS
 
 
@@ -112,8 +118,17 @@ def compiled_decode(head, sampler):
       return steps.decode_steps(*args, **kwargs)
     finally:
       decoder_lib.Decoder.logits_from_hidden, steps.sample_tokens = saved
-  return jax.jit(decode, static_argnums=(0,), static_argnames=("num_rows", "attn_len", "num_steps"),
+  return jax.jit(decode, static_argnums=(0,),
+                 static_argnames=("num_rows", "attn_len", "num_steps", "prefix_len"),
                  donate_argnums=(2,))
+
+
+def shared_groups(rows: int, groups: int, prefix_len: int) -> dict:
+  """``decode_steps`` keyword arguments for ``rows`` rows in ``groups`` equal groups."""
+  prompts = [(r, np.full(prefix_len + 1, r % groups), prefix_len) for r in range(rows)]
+  p, g = shared_prefix.plan(prompts, rows, [prefix_len])
+  assert p == prefix_len
+  return dict(groups=g, prefix_len=p)
 
 
 def _option_value(text: str):
@@ -133,14 +148,18 @@ def main(argv):
   cfg = model.config
   graphdef, state = nnx.split(model)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
-  current = (decoder_lib.Decoder.logits_from_hidden, steps.sample_tokens, None)
+  current = (decoder_lib.Decoder.logits_from_hidden, steps.sample_tokens, None, {})
   variants = {"current": current}
   if args.baseline_head:
-    variants["transposed_head"] = (head_through_transpose, current[1], None)
+    variants["transposed_head"] = (head_through_transpose, current[1], None, {})
   if args.baseline_sampling:
-    variants["previous_sampling"] = (current[0], previous_sample_tokens, None)
+    variants["previous_sampling"] = (current[0], previous_sample_tokens, None, {})
   if args.fused:
-    variants["fused"] = (current[0], current[1], fused_lib.FUSE(graphdef, state))
+    variants["fused"] = (current[0], current[1], fused_lib.FUSE(graphdef, state), {})
+  if args.shared:
+    num_groups, prefix_len = (int(x) for x in args.shared.split(":"))
+    variants["shared"] = (current[0], current[1], None,
+                          shared_groups(args.rows, num_groups, prefix_len))
   options = {"current": None}
   for spec in args.xla_options:
     name, _, opts = spec.partition(":")
@@ -152,19 +171,21 @@ def main(argv):
     position = window - k - 1  # the last position the window holds after k steps
 
     def call(run, window=window, position=position):
-      """One decode call of ``run`` = [fn, cache, times, fused], its cache carried over; waits."""
+      """One decode call of ``run`` = [fn, cache, times, fused, kwargs], its cache carried over;
+      waits."""
+      kw = {x: y for x, y in run[4].items() if x != "prefix_len"}
       run[1], _, ids, _ = run[0](state, run[1], decode_rows(n, position, args.temperature),
-                                 fused=run[3])
+                                 fused=run[3], **kw)
       jax.block_until_ready(ids)
 
     runs = {}
-    for name, (head, sampler, kernels) in variants.items():
+    for name, (head, sampler, kernels, extra) in variants.items():
       cache = Cache.zeros(cfg, n, window)
       fn = compiled_decode(head, sampler).lower(
           graphdef, state, cache, decode_rows(n, position, args.temperature), num_rows=n,
-          attn_len=window, num_steps=k, fused=kernels).compile(
+          attn_len=window, num_steps=k, fused=kernels, **extra).compile(
               compiler_options=options.get(name))
-      runs[name] = [fn, cache, [], kernels]
+      runs[name] = [fn, cache, [], kernels, extra]
       call(runs[name])  # first call
     for _ in range(args.repeats):  # variants alternate, so load from elsewhere hits both alike
       for run in runs.values():
@@ -174,7 +195,7 @@ def main(argv):
     kv_bytes = 2 * cfg.num_layers * n * cfg.num_kv_heads * cfg.head_dim * (SCRATCH + window) * 4
     row = dict(window=window, weight_mb=round(weight_bytes / 1e6, 1),
                kv_window_mb=round(kv_bytes / 1e6, 1))
-    for name, (_, _, times, _) in runs.items():
+    for name, (_, _, times, _, _) in runs.items():
       ms = float(np.median(times)) / k * 1e3
       row[f"{name}_ms_per_step"] = round(ms, 3)
       row[f"{name}_read_gb_s"] = round((weight_bytes + kv_bytes) / (ms / 1e3) / 1e9, 1)
@@ -186,6 +207,8 @@ def main(argv):
         row[f"speedup_{name}"] = round(row["current_ms_per_step"] / row[f"{name}_ms_per_step"], 3)
     if args.fused:
       row["speedup_fused"] = round(row["current_ms_per_step"] / row["fused_ms_per_step"], 3)
+    if args.shared:
+      row["speedup_shared"] = round(row["current_ms_per_step"] / row["shared_ms_per_step"], 3)
     if args.baseline_sampling:
       row["speedup_vs_previous_sampling"] = round(
           row["previous_sampling_ms_per_step"] / row["current_ms_per_step"], 3)
