@@ -15,7 +15,9 @@ engine's counters, and returns plain floats for ``metrics.jsonl``:
 - ``engine_busy_frac``: the share of the rollout's wall the engine's device thread spent in
   prefill or decode calls (``engine_prefill_s``, ``engine_decode_s``); the rest it waited for
   requests. ``engine_live_row_frac``: of the row-steps its decode calls ran, those that held a
-  request.
+  request. ``engine_prefill_calls`` / ``engine_decode_calls``: device calls of each kind;
+  ``engine_shared_prefix_frac``: the decode calls that used shared-prompt attention;
+  ``engine_compiled``: shapes the engine's steps compiled during the rollout (first uses).
 
 Host-side only (reads ``/proc`` and counters); nothing here touches a device.
 """
@@ -27,7 +29,8 @@ from typing import Callable
 from legorl_jax.utils import thread_cpu
 
 _ENGINE_KEYS = ("prefill_s", "decode_s", "decode_row_steps", "live_row_steps", "decoded_tokens",
-                "prefill_tokens")
+                "prefill_tokens", "prefill_calls", "decode_calls", "shared_prefix_calls",
+                "compiled")
 
 
 class StepProfile:
@@ -47,6 +50,7 @@ class StepProfile:
       s = self._engine_stats()
     except Exception:  # noqa: BLE001 -- a profile must never fail a step
       s = {}
+    s = dict(s, compiled=sum((s.get("compilations") or {}).values()))
     return {k: float(s.get(k, 0.0)) for k in _ENGINE_KEYS}
 
   def start(self) -> None:
@@ -74,6 +78,10 @@ class StepProfile:
       out["engine_live_row_frac"] = e["live_row_steps"] / e["decode_row_steps"]
     if e["decode_s"]:
       out["engine_decode_tokens_per_s"] = e["decoded_tokens"] / e["decode_s"]
+    out["engine_prefill_calls"], out["engine_decode_calls"] = e["prefill_calls"], e["decode_calls"]
+    if e["decode_calls"]:
+      out["engine_shared_prefix_frac"] = e["shared_prefix_calls"] / e["decode_calls"]
+    out["engine_compiled"] = e["compiled"]
     self._a = self._b = None
     return out
 

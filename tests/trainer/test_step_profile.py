@@ -32,12 +32,14 @@ def _burn_in_thread(name: str, seconds: float):
 
 def test_rollout_and_update_figures_come_from_their_own_interval():
   counters = {"prefill_s": 1.0, "decode_s": 2.0, "decode_row_steps": 100, "live_row_steps": 40,
-              "decoded_tokens": 30, "prefill_tokens": 500}
+              "decoded_tokens": 30, "prefill_tokens": 500, "decode_calls": 10,
+              "shared_prefix_calls": 2, "compilations": {"prefill": 2, "decode": 3}}
   prof = StepProfile(lambda: dict(counters))
   prof.start()
   sampler_cpu, t1, gate1 = _burn_in_thread("legorl-sampler", 0.3)
   counters.update(prefill_s=1.1, decode_s=2.2, decode_row_steps=180, live_row_steps=100,
-                  decoded_tokens=90)
+                  decoded_tokens=90, decode_calls=14, shared_prefix_calls=5,
+                  compilations={"prefill": 2, "decode": 4})
   prof.rollout_done()
   gate1.set()
   t1.join()
@@ -53,6 +55,8 @@ def test_rollout_and_update_figures_come_from_their_own_interval():
   assert m["engine_prefill_s"] == pytest.approx(0.1) and m["engine_decode_s"] == pytest.approx(0.2)
   assert m["engine_live_row_frac"] == pytest.approx(60 / 80)
   assert m["engine_decode_tokens_per_s"] == pytest.approx(60 / 0.2)
+  assert m["engine_decode_calls"] == 4 and m["engine_shared_prefix_frac"] == pytest.approx(3 / 4)
+  assert m["engine_compiled"] == 1
   # The rollout lasted at least the sampler's 0.3 CPU-seconds; its wall is 0.3 s / busy share.
   assert 0 < m["engine_busy_frac"] <= 1.0
   rollout_wall = 0.3 / m["engine_busy_frac"]
