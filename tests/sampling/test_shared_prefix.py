@@ -126,3 +126,28 @@ def test_shared_prefix_samples_what_the_plain_engine_samples(model):
   for a, b in zip(out[False], out[True]):
     assert a.token_ids == b.token_ids
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_mixture_of_experts_routes_and_logprobs_with_a_shared_prefix():
+  from tests.sampling import test_engine_routes as ter  # pylint: disable=import-outside-toplevel
+  moe = create_model(ter.CONFIG, seed=0)
+  rng = np.random.default_rng(0)
+  shared = rng.integers(0, 256, 40).tolist()
+  prompts = [shared + rng.integers(0, 256, n).tolist() for n in (3, 9, 20)]
+  kw = dict(ter.KW, attn_buckets=(32, 64, 96, 128))
+  with Engine(moe, max_batch=4, share_prefix=True, **kw) as eng:
+    futures = [eng.submit(p, SamplingParams(temperature=0.0, max_tokens=12))
+               for p in prompts]
+    done = [f.result(120) for f in futures]
+    assert eng.stats()["shared_prefix_calls"] > 0
+  for p, c in zip(prompts, done):
+    ter._check(moe, p, c)  # noqa: SLF001 -- every fed token's experts equal teacher forcing
+  # Greedy tokens are the teacher-forced argmax (logprobs within float tolerance).
+  seqs = [p + c.token_ids for p, c in zip(prompts, done)]
+  for p, c, seq in zip(prompts, done, seqs):
+    logits = np.asarray(moe(jnp.asarray(np.asarray(seq, np.int32)[None])))[0]
+    for j, tok in enumerate(c.token_ids):
+      row = logits[len(p) - 1 + j]
+      assert tok == int(np.argmax(row))
+      want = row - row.max() - np.log(np.exp(row - row.max()).sum())
+      assert abs(c.logprobs[j] - want[tok]) < 1e-4, (j, c.logprobs[j], want[tok])
