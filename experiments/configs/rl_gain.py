@@ -20,8 +20,11 @@ What it changes from ``rl_long.py``:
   difficulty filter: bugs drawn by the chance their group is mixed, from a per-bug solve-rate
   estimate (priors from the screen, when RL starts from it).
 - **SFT saves its policy** after 20, 40, 80 and 160 steps (the screen's candidates).
-- **A KL guard** (``trainer.max_kl = 0.05``): the demo that lost 13 points on ``names_demo`` had
-  drifted to KL 0.08-0.1; the long run's lr 1e-4 with ``kl_coef`` 0.05 stayed at 0.003-0.005.
+- **A KL guard** (``trainer.max_kl = 0.2``): it stops a run whose policy runs away. At T=0.6
+  the long run's lr 1e-4 with ``kl_coef`` 0.05 stayed at KL 0.003-0.005 (the demo that lost 13
+  points on ``names_demo`` had drifted to 0.08-0.1 at lr 3e-4); from the screen's pick, T=0.8,
+  the same rate reached 0.011 after one step and 0.037 after two (2026-12-07), so the first
+  bound, 0.05, would have stopped the run at step 3. ``names_demo`` is the forgetting guard.
 
 The objective options (``loss.demo_replay_weight``, ``loss.clip_eps_high``) stay as in
 ``rl_long.py`` until the sweep has measured them.
@@ -40,6 +43,6 @@ def get_config():
   c.rollout.difficulty_filter = False
   c.rollout.sampler = "pass_rate"
   c.sft.save_at = (20, 40, 80, 160)
-  c.trainer.max_kl = 0.05
+  c.trainer.max_kl = 0.2
   c.trainer.steps = 40
   return c
