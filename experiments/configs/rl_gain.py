@@ -23,9 +23,9 @@ What it changes from ``rl_long.py``:
 - **A KL guard** (``trainer.max_kl = 0.2``): it stops a run whose policy runs away. At T=0.6
   the long run's lr 1e-4 with ``kl_coef`` 0.05 stayed at KL 0.003-0.005 (the demo that lost 13
   points on ``names_demo`` had drifted to 0.08-0.1 at lr 3e-4); from the screen's pick, T=0.8,
-  the same rate reached 0.011 after one step, 0.037 after two and 0.046-0.048 in steps 3-4
-  (2026-12-07): within 4% of the first bound, 0.05, which would have stopped a run that the
-  KL term was holding. ``names_demo`` is the forgetting guard.
+  the same rate reached 0.011 after one step, 0.037 after two, then held at 0.044-0.051
+  (2026-12-07): the first bound, 0.05, would have stopped that run at step 11, though the KL
+  term was holding it. ``names_demo`` is the forgetting guard.
 
 The objective options (``loss.demo_replay_weight``, ``loss.clip_eps_high``) stay as in
 ``rl_long.py`` until the sweep has measured them.
