@@ -126,9 +126,9 @@ def compiled_decode(head, sampler):
 def shared_groups(rows: int, groups: int, prefix_len: int) -> dict:
   """``decode_steps`` keyword arguments for ``rows`` rows in ``groups`` equal groups."""
   prompts = [(r, np.full(prefix_len + 1, r % groups), prefix_len) for r in range(rows)]
-  p, g = shared_prefix.plan(prompts, rows, [prefix_len])
-  assert p == prefix_len
-  return dict(groups=g, prefix_len=p)
+  plan = shared_prefix.plan(prompts, rows, [prefix_len])
+  assert plan.prefix_len == prefix_len
+  return dict(groups=plan.groups, prefix_len=plan.prefix_len)
 
 
 def _option_value(text: str):

@@ -136,8 +136,8 @@ class Device:
 
   def decode(self, rows, num_rows: int, attn: int, num_steps: int, shared=None):
     """Runs one decode chunk on rows ``[0, num_rows)``; returns (rows, out_ids, out_logp).
-    ``shared``: ``(prefix_len, groups)`` from ``shared_prefix.plan``, or None."""
-    prefix_len, groups = shared if shared is not None else (0, None)
+    ``shared``: a ``shared_prefix.Plan``, or None (plain attention)."""
+    prefix_len, groups = (shared.prefix_len, shared.groups) if shared is not None else (0, None)
     buf = None
     if prefix_len or num_rows < self.num_rows or attn < self.max_len:  # else the whole cache
       buf = self._window_buffer("decode", steps.decode_window_shapes(self.cache, num_rows, attn,

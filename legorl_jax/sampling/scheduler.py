@@ -351,9 +351,8 @@ class Scheduler:
       shared = shared_prefix.plan([(r.slot, r.prompt_np, r.prefill_end) for r in ready],
                                   num_rows, [b for b in lay.attn_buckets if b < attn])
       if shared is not None:
-        groups = int((shared[1].members[:, 0] < num_rows).sum())
         self.stats["shared_prefix_calls"] += 1
-        self.stats["shared_prefix_saved_slots"] += shared[0] * (len(ready) - groups)
+        self.stats["shared_prefix_saved_slots"] += shared.saved_slots
     new_rows, out_ids, out_logp = self.device.decode(rows, num_rows, attn, k, shared=shared)
     new_rows, out_ids, out_logp = jax.device_get((new_rows, out_ids, out_logp))
     self.stats["decode_calls"] += 1

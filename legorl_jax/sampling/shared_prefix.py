@@ -47,12 +47,21 @@ class Groups(NamedTuple):
   where: jax.Array
 
 
+class Plan(NamedTuple):
+  """One decode call's split: ``prefix_len`` (``P``), the ``groups``, and ``saved_slots``, the
+  K/V slot reads per step it avoids (``P`` x (decoding rows - groups))."""
+
+  prefix_len: int
+  groups: Groups
+  saved_slots: int
+
+
 def _pow2(n: int) -> int:
   return 1 << max(0, n - 1).bit_length()
 
 
 def plan(prompts: Sequence[tuple[int, np.ndarray, int]], num_rows: int,
-         candidates: Sequence[int]) -> tuple[int, Groups] | None:
+         candidates: Sequence[int]) -> Plan | None:
   """The split ``P`` and groups for one decode call, or None when sharing saves nothing.
 
   Args:
@@ -87,15 +96,16 @@ def plan(prompts: Sequence[tuple[int, np.ndarray, int]], num_rows: int,
     leaders[i] = rows[0]
     members[i, :len(rows)] = rows
     where[rows] = i * m + np.arange(len(rows))
-  return p, Groups(leaders, members, where)
+  return Plan(p, Groups(leaders, members, where), best_save)
 
 
 def suffix_window(cache: Cache, rows: int, start: int, end: int) -> Cache:
   """Rows ``[0, rows)``: the scratch slots, then positions ``[start, end)`` (a copy)."""
   def take(x, axis):
+    x = x[:rows]  # the call's rows first: the cache also holds the prefix store's rows
     head = jax.lax.slice_in_dim(x, 0, SCRATCH, axis=axis)
     tail = jax.lax.slice_in_dim(x, SCRATCH + start, SCRATCH + end, axis=axis)
-    return jnp.concatenate([head, tail], axis=axis)[:rows]
+    return jnp.concatenate([head, tail], axis=axis)
   return Cache(k=tuple(take(x, K_SLOT_AXIS) for x in cache.k),
                v=tuple(take(x, V_SLOT_AXIS) for x in cache.v),
                routes=None if cache.routes is None else take(cache.routes, ROUTE_SLOT_AXIS))

@@ -13,6 +13,7 @@ from legorl_jax.models.config import get_preset
 from legorl_jax.sampling import Engine, SamplingParams
 from legorl_jax.sampling import shared_prefix
 from legorl_jax.sampling.cache import SCRATCH, Cache, attend
+from tests.sampling import reference
 from tests.sampling import test_engine as te
 
 
@@ -21,9 +22,9 @@ def test_plan_picks_the_split_that_saves_most_and_pads_groups():
   b = np.concatenate([np.arange(70), 1000 + np.arange(30)])  # agrees with a on 70 tokens
   c = 5000 + np.arange(100)
   rows = [(0, a, 99), (1, a, 99), (2, a, 99), (3, b, 99), (4, c, 99)]
-  p, g = shared_prefix.plan(rows, 8, [32, 64, 96])
+  p, g, saved = shared_prefix.plan(rows, 8, [32, 64, 96])
   # P=64: {0,1,2,3} + {4} saves 64 * 3; P=96: {0,1,2} + {3} + {4} saves 96 * 2 = 192 = P=64's.
-  assert p == 64
+  assert p == 64 and saved == 64 * 3
   assert g.members.shape == (2, 4)  # 2 groups, 4 members (powers of two)
   assert sorted(g.members[0].tolist()) == [0, 1, 2, 3] and g.leaders[0] == 0
   assert g.members[1].tolist() == [4, 8, 8, 8] and g.leaders[1] == 4
@@ -149,5 +150,5 @@ def test_mixture_of_experts_routes_and_logprobs_with_a_shared_prefix():
     for j, tok in enumerate(c.token_ids):
       row = logits[len(p) - 1 + j]
       assert tok == int(np.argmax(row))
-      want = row - row.max() - np.log(np.exp(row - row.max()).sum())
-      assert abs(c.logprobs[j] - want[tok]) < 1e-4, (j, c.logprobs[j], want[tok])
+      want = reference.log_softmax(row)[tok]
+      assert abs(c.logprobs[j] - want) < 1e-4, (j, c.logprobs[j], want)
