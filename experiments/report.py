@@ -5,7 +5,8 @@ r"""Prints a training run's RL steps and held-out evaluations as Markdown tables
 Read from the run's ``metrics.jsonl`` and ``trials.jsonl`` (works on a run still in progress):
 one line per RL step (training solve rate, draws, mixed groups, KL to the start, entropy, clip
 fractions, seconds), and one line per held-out set and evaluation (before RL, every
-``eval.every`` steps, after RL) with the paired gain over the before-RL evaluation; with
+``eval.every`` steps, after RL) with the paired gain over the before-RL evaluation; each set's
+bugs by family at its first and last evaluation (how many any sample solved: RL's reach); with
 pass-rate sampling, the RL pool's bugs with their visits and solve-rate estimates.
 """
 

@@ -21,6 +21,7 @@ import dataclasses
 import os
 from typing import Sequence
 
+from legorl_jax.rewards import status as status_lib
 from legorl_jax.trainer import eval_stats
 from legorl_jax.utils import safe_json
 
@@ -192,6 +193,48 @@ def pool_table(records: Sequence[dict], min_visits: int = 10) -> str:
   return "\n".join(lines)
 
 
+def family_of(cluster: str | None) -> str:
+  """The bug family of a synthetic bug's cluster key (``template:function:family:line``,
+  ``taskgen.synthetic.generator.bug_key``); ``"other"`` for any other task."""
+  parts = (cluster or "").split(":")
+  return parts[2] if len(parts) == 4 else "other"
+
+
+def reach_rows(evals: dict[str, dict[int, dict]]) -> list[dict]:
+  """Where a held-out set is out of reach: per set, at its first and last evaluation, one row
+  per bug family with the bugs it holds, the bugs solved at least once, and the sampled solve
+  rate (``solved``/``trials``). A family no sample solves at either point is one RL cannot
+  move (GRPO learns only from mixed groups), which bounds the gain a run can show."""
+  rows = []
+  for name in sorted(evals, key=lambda n: (n != "", n)):
+    by_step = evals[name]
+    for step in sorted({min(by_step), max(by_step)}):
+      fam: dict = collections.defaultdict(lambda: {"bugs": collections.defaultdict(int),
+                                                    "solved": 0, "trials": 0})
+      for o in by_step[step]["sampled"]:
+        if status_lib.is_infrastructure(o.status):  # says nothing about the policy
+          continue
+        f = fam[family_of(o.cluster)]
+        f["trials"] += 1
+        f["solved"] += o.status == status_lib.SOLVED
+        f["bugs"][o.cluster or o.task_id] += o.status == status_lib.SOLVED
+      for family in sorted(fam):
+        f = fam[family]
+        rows.append({"set": name, "step": step, "family": family, "bugs": len(f["bugs"]),
+                     "bugs_solved": sum(v > 0 for v in f["bugs"].values()),
+                     "solved": f["solved"], "trials": f["trials"]})
+  return rows
+
+
+def reach_table(rows: Sequence[dict], main: str = "main") -> str:
+  """Markdown: ``reach_rows``, one line per (set, evaluation, bug family)."""
+  lines = ["| set | after step | bug family | bugs solved at least once | solved / trials |",
+           "|---|---|---|---|---|"]
+  lines += [f"| {r['set'] or main} | {r['step']} | {r['family']} | {r['bugs_solved']} of "
+            f"{r['bugs']} | {r['solved']} / {r['trials']} |" for r in rows]
+  return "\n".join(lines)
+
+
 def _config(workdir: str) -> dict:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
@@ -211,6 +254,8 @@ def report(workdir: str) -> str:
   parts = [f"## RL steps ({len(steps)})", "", step_table(steps), "",
            "## Held-out evaluations (step 0: before RL; gains paired against it)", "",
            evaluation_table(evaluation_rows(evals, samples, main), samples)]
+  parts += ["", "## Reach: held-out bugs by family (first and last evaluation)", "",
+            reach_table(reach_rows(evals), main)]
   pool = pool_table(_jsonl(os.path.join(workdir, "rollouts", "pass_rate.jsonl")))
   if pool:
     parts += ["", "## RL pool (pass-rate sampling)", "", pool]

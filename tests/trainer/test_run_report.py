@@ -79,3 +79,30 @@ def test_step_table_keeps_the_last_record_of_a_redone_step(tmp_path):
   # A metric a run did not log shows as "-", not as a made-up figure.
   assert run_report.step_table([{"step": 3, "solve_rate": 0.5}]).count(" - ") == len(
       run_report.STEP_COLUMNS) - 1
+
+
+def test_reach_rows_count_bugs_solved_per_family_at_the_first_and_last_evaluation(tmp_path):
+  def ev(phase, step, solved_by_bug):
+    out = []
+    for bug, k in solved_by_bug.items():
+      for i in range(4):
+        t = _trial(phase, step, f"{bug}/name", "solved" if i < k else "failed")
+        out.append(dict(t, cluster=bug))
+    return out
+  # Two bugs of family "wrong_return" (never solved), two of "off_by_one" (one in reach), and a
+  # task outside the synthetic bugs (no four-part key: "other").
+  before = {"t:f:wrong_return:3": 0, "t:g:wrong_return:9": 0, "t:f:off_by_one:4": 1,
+            "t:h:off_by_one:7": 0, "swe/1": 2}
+  mid = dict(before, **{"t:h:off_by_one:7": 4})  # step 10: neither first nor last, not shown
+  after = dict(before, **{"t:f:off_by_one:4": 3, "t:h:off_by_one:7": 1})
+  trials = ev("eval_before_rl", 0, before) + ev("eval", 10, mid) + ev("eval_after_rl", 20, after)
+  trials[0]["status"] = "sandbox_error"  # an infrastructure failure: not a trial of the policy
+  rows = run_report.reach_rows(run_report.evaluations(trials, 4))
+  got = {(r["step"], r["family"]): (r["bugs_solved"], r["bugs"], r["solved"], r["trials"])
+         for r in rows}
+  assert got == {(0, "off_by_one"): (1, 2, 1, 8), (0, "other"): (1, 1, 2, 4),
+                 (0, "wrong_return"): (0, 2, 0, 7),
+                 (20, "off_by_one"): (2, 2, 4, 8), (20, "other"): (1, 1, 2, 4),
+                 (20, "wrong_return"): (0, 2, 0, 8)}
+  _write(tmp_path, [], trials)
+  assert "| names_rl (main) | 20 | off_by_one | 2 of 2 | 4 / 8 |" in run_report.report(str(tmp_path))
