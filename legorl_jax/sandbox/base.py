@@ -155,16 +155,32 @@ def new_sandbox_id() -> str:
 
 
 def pid_alive(pid: int) -> bool:
-  """Whether process ``pid`` exists on this host: the reapers of both backends remove what a
-  sandbox left behind only once the process that owned it is gone. A process of another user
-  (PermissionError) counts as alive."""
+  """Whether process ``pid`` is running on this host: the reapers of both backends remove what
+  a sandbox left behind only once the process that owned it is gone. A process of another user
+  (PermissionError) counts as alive; a zombie (exited, not yet waited for by its parent: an
+  owner that died in a container whose init does not reap) counts as gone, since it owns
+  nothing any more."""
   try:
     os.kill(pid, 0)
-    return True
   except ProcessLookupError:
     return False
   except PermissionError:
     return True
+  return _proc_state(pid) != "Z"
+
+
+def _proc_state(pid: int) -> str | None:
+  """The state letter of ``/proc/PID/stat`` (``R``, ``S``, ``Z``...), or None where there is no
+  procfs or the process is gone."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      stat = f.read()
+  except OSError:
+    return None
+  # The command name (field 2) is in parentheses and may hold spaces or ")": the state follows
+  # the last ")".
+  rest = stat[stat.rfind(")") + 1:].split()
+  return rest[0] if rest else None
 
 
 class Sandbox(abc.ABC):
