@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from legorl_jax import errors
 from legorl_jax.models import params as model_params
 from legorl_jax.models.decoder import Decoder
 from legorl_jax.sampling import fused as fused_lib
@@ -46,6 +47,11 @@ class Device:
     # they measured slower (0.96x per decode step at SmolLM2's shapes, 32 rows), and on a
     # mesh, concatenating head-sharded kernels would interleave q and kv heads across shards.
     self.fuse_projections = bool(fuse_projections)
+    if self.fuse_projections and _spans_devices(state):
+      raise errors.ConfigError(
+          "Engine(fuse_projections=True) needs parameters on one device: on a mesh the fused "
+          "q|k|v and gate|up kernels would interleave head-sharded columns across shards. Leave "
+          "fuse_projections off for a sharded model.")
     self.fused = None
     self.state = state
     self.version = 0
@@ -162,3 +168,9 @@ class Device:
     ``config.route_dtype`` (a host copy; the next step may overwrite the row)."""
     full = np.asarray(steps.ROW_ROUTES(self.cache.routes, np.int32(row)))
     return full[SCRATCH:SCRATCH + length].copy()
+
+
+def _spans_devices(state) -> bool:
+  """Whether any parameter of ``state`` is placed across more than one device."""
+  return any(len(getattr(x, "sharding", None).device_set) > 1
+             for x in jax.tree.leaves(state) if getattr(x, "sharding", None) is not None)

@@ -417,3 +417,11 @@ def test_a_request_submitted_after_the_join_window_waits_for_the_next_chunk(mode
     first.result(timeout=300)
     second.result(timeout=300)
     assert eng.stats()["decode_calls"] == 2
+
+
+def test_fused_projections_are_refused_on_a_mesh(model):
+  from legorl_jax.sharding.mesh import make_mesh  # 8 host devices (tests/conftest.py)
+  sharded = create_model("tiny", seed=0, mesh=make_mesh(data=1, fsdp=4, tensor=2))
+  with pytest.raises(errors.ConfigError, match="fuse_projections.*one device"):
+    Engine(sharded, fuse_projections=True, **ENGINE_KW)
+  Engine(model, fuse_projections=True, **ENGINE_KW)  # one device: allowed
