@@ -27,6 +27,10 @@ What it changes from ``rl_long.py``:
   (2026-12-07): the first bound, 0.05, would have stopped that run at step 11, though the KL
   term was holding it. ``names_demo`` is the forgetting guard.
 
+Measured (2026-12-07, BENCHMARKS.md): from the screen's pick, 40 steps moved the main set
+16.0 -> 28.9% (+12.9 points, paired SE 4.5, z 2.88; +2.7 / +6.2 / +11.7 after 12 / 20 / 30
+steps) with ``names_demo`` +1.2 (z 0.29) and the KL at 0.036-0.063: one seed, short of +15.
+
 The objective options (``loss.demo_replay_weight``, ``loss.clip_eps_high``) stay as in
 ``rl_long.py`` until the sweep has measured them.
 """
