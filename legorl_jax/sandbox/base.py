@@ -24,6 +24,7 @@ import uuid
 from typing import Mapping, Sequence
 
 from legorl_jax.errors import SandboxError
+from legorl_jax.utils import procfs
 from legorl_jax.sandbox import diff as diff_lib
 from legorl_jax.tasks.schema import Task
 
@@ -170,17 +171,10 @@ def pid_alive(pid: int) -> bool:
 
 
 def _proc_state(pid: int) -> str | None:
-  """The state letter of ``/proc/PID/stat`` (``R``, ``S``, ``Z``...), or None where there is no
+  """The state letter of process ``pid`` (``R``, ``S``, ``Z``...), or None where there is no
   procfs or the process is gone."""
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      stat = f.read()
-  except OSError:
-    return None
-  # The command name (field 2) is in parentheses and may hold spaces or ")": the state follows
-  # the last ")".
-  rest = stat[stat.rfind(")") + 1:].split()
-  return rest[0] if rest else None
+  fields = procfs.stat_fields(f"/proc/{pid}/stat")
+  return fields[0] if fields else None
 
 
 class Sandbox(abc.ABC):

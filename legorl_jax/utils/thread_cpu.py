@@ -22,7 +22,7 @@ import re
 import threading
 import time
 
-from legorl_jax.utils import cpu_time
+from legorl_jax.utils import cpu_time, procfs
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 _NUMBERS = re.compile(r"[-_ ]?\d+")
@@ -38,13 +38,10 @@ def thread_class(name: str) -> str:
 
 def _thread_cpu_s(tid: int) -> float | None:
   """User + system seconds of thread ``tid`` of this process (None once it has exited)."""
-  try:
-    with open(f"/proc/self/task/{tid}/stat") as f:
-      stat = f.read()
-  except OSError:
+  fields = procfs.stat_fields(f"/proc/self/task/{tid}/stat")
+  if fields is None:
     return None
-  # Fields after the parenthesised name (which may hold spaces); utime, stime are 14 and 15.
-  fields = stat[stat.rindex(")") + 2:].split()
+  # utime and stime are proc(5)'s fields 14 and 15.
   return (int(fields[11]) + int(fields[12])) * _TICK_S
 
 
