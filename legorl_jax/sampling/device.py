@@ -171,6 +171,6 @@ class Device:
 
 
 def _spans_devices(state) -> bool:
-  """Whether any parameter of ``state`` is placed across more than one device."""
-  return any(len(getattr(x, "sharding", None).device_set) > 1
-             for x in jax.tree.leaves(state) if getattr(x, "sharding", None) is not None)
+  """Whether the parameters are placed across more than one device (a model on a mesh puts
+  every leaf on the mesh's devices, as ``new_cache`` also assumes)."""
+  return len(jax.tree.leaves(state)[0].sharding.device_set) > 1

@@ -22,6 +22,7 @@ import os
 from typing import Sequence
 
 from legorl_jax.rewards import status as status_lib
+from legorl_jax.taskgen.synthetic.generator import family_of_bug_key
 from legorl_jax.trainer import eval_stats
 from legorl_jax.utils import safe_json
 
@@ -193,36 +194,30 @@ def pool_table(records: Sequence[dict], min_visits: int = 10) -> str:
   return "\n".join(lines)
 
 
-def family_of(cluster: str | None) -> str:
-  """The bug family of a synthetic bug's cluster key (``template:function:family:line``,
-  ``taskgen.synthetic.generator.bug_key``); ``"other"`` for any other task."""
-  parts = (cluster or "").split(":")
-  return parts[2] if len(parts) == 4 else "other"
-
-
 def reach_rows(evals: dict[str, dict[int, dict]]) -> list[dict]:
   """Where a held-out set is out of reach: per set, at its first and last evaluation, one row
-  per bug family with the bugs it holds, the bugs solved at least once, and the sampled solve
-  rate (``solved``/``trials``). A family no sample solves at either point is one RL cannot
-  move (GRPO learns only from mixed groups), which bounds the gain a run can show."""
+  per bug family (``generator.family_of_bug_key`` of a record's cluster; ``"other"`` for any
+  other task) with the bugs it holds, the bugs solved at least once, and the sampled solve rate
+  (``solved``/``trials``). A family no sample solves at either point is one RL cannot move
+  (GRPO learns only from mixed groups), which bounds the gain a run can show."""
   rows = []
   for name in sorted(evals, key=lambda n: (n != "", n)):
     by_step = evals[name]
     for step in sorted({min(by_step), max(by_step)}):
-      fam: dict = collections.defaultdict(lambda: {"bugs": collections.defaultdict(int),
-                                                    "solved": 0, "trials": 0})
+      solved_by_bug: dict = collections.defaultdict(collections.Counter)  # family -> bug -> solves
+      trials: dict = collections.Counter()  # family -> policy-outcome trials
       for o in by_step[step]["sampled"]:
         if status_lib.is_infrastructure(o.status):  # says nothing about the policy
           continue
-        f = fam[family_of(o.cluster)]
-        f["trials"] += 1
-        f["solved"] += o.status == status_lib.SOLVED
-        f["bugs"][o.cluster or o.task_id] += o.status == status_lib.SOLVED
-      for family in sorted(fam):
-        f = fam[family]
-        rows.append({"set": name, "step": step, "family": family, "bugs": len(f["bugs"]),
-                     "bugs_solved": sum(v > 0 for v in f["bugs"].values()),
-                     "solved": f["solved"], "trials": f["trials"]})
+        family = family_of_bug_key(o.cluster) or "other"
+        bug = o.cluster or o.task_id
+        solved_by_bug[family][bug] += o.status == status_lib.SOLVED  # a failure adds the bug
+        trials[family] += 1
+      for family in sorted(solved_by_bug):
+        bugs = solved_by_bug[family]
+        rows.append({"set": name, "step": step, "family": family, "bugs": len(bugs),
+                     "bugs_solved": sum(v > 0 for v in bugs.values()),
+                     "solved": sum(bugs.values()), "trials": trials[family]})
   return rows
 
 

@@ -286,6 +286,13 @@ def bug_key(task: Task) -> str:
   return f"{x['template']}:{x['function']}:{x['family']}:{x['bug_line']}"
 
 
+def family_of_bug_key(key: str | None) -> str | None:
+  """The bug family of a ``bug_key`` (``template:function:family:line``); None for any other
+  key (a task outside the synthetic bugs, or none)."""
+  parts = (key or "").split(":")
+  return parts[2] if len(parts) == 4 else None
+
+
 def generate_tasks(n: int, *, seed: int = 0, difficulty: str = "easy", split: str = "train",
                    variants: int = 1, first_variant: int = 0,
                    keep: Callable[[Task], bool] | None = None, subset: str = "") -> list[Task]:
