@@ -158,10 +158,10 @@ class DockerSandbox(base.Sandbox):
         tf.add(src, arcname=name)
     self.container.put_archive(base.SUPPORT_DIR, support.getvalue())
     r = self.exec(f"chown {self.uid}:{self.gid} {shlex.quote(self.workdir)} {base.HOME} && chmod 755 "
-                  f"{base.SUPPORT_DIR} && cat /proc/1/task/1/children", user="0:0", timeout=60)
+                  f"{base.SUPPORT_DIR} && {wait_for_child_script()}", user="0:0", timeout=60)
     if not r.ok:
       raise SandboxError(f"preparing the container failed: {r.stderr[-300:]!r}")
-    self._keeper_pid = int(r.stdout.split()[0])
+    self._keeper_pid = keeper_pid(r.stdout, self.id)
     if self.config.proxy_socket:
       self._start_relay()
 
@@ -288,6 +288,28 @@ class DockerSandbox(base.Sandbox):
   def _destroy(self):
     if self.container is not None:
       remove_container(self.client, self.container.id, REMOVE_TIMEOUT_S)
+
+
+def wait_for_child_script(children_file: str = "/proc/1/task/1/children",
+                          tries: int = 200, pause_s: float = 0.05) -> str:
+  """Shell that prints the pids in ``children_file`` once there are any (at most
+  ``tries * pause_s`` seconds). Right after ``start`` the container's init may not have forked
+  its ``sleep`` yet, so one read can come back empty (seen once in CI under load)."""
+  f = shlex.quote(children_file)
+  return (f"i=0; c=$(cat {f} 2>/dev/null); while [ -z \"$c\" ] && [ $i -lt {int(tries)} ]; do "
+          f"sleep {pause_s}; i=$((i+1)); c=$(cat {f} 2>/dev/null); done; echo \"$c\"")
+
+
+def keeper_pid(children: str, sandbox_id: str) -> int:
+  """The keeper's pid (``sleep infinity``, init's first child) from ``wait_for_child_script``'s
+  output; a clear SandboxError when init never forked it."""
+  pids = children.split()
+  if not pids or not pids[0].isdigit():
+    raise SandboxError(f"sandbox {sandbox_id}: the container's init started no keeper process "
+                       f"within 10 s (children of pid 1: {children.strip()!r}); the host may be "
+                       "overloaded or the image lacks /bin/sleep. Retry the trial, or check "
+                       "`docker run --rm --init IMAGE sleep 1` works.")
+  return int(pids[0])
 
 
 _pending: set[str] = set()  # containers whose removal failed; retried by later sandboxes
