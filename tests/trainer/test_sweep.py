@@ -51,6 +51,39 @@ def test_figures_and_ranking(tmp_path):
   assert table[0].split()[:3] == ["rank", "arm", "mixed"] and len(table) == 5
 
 
+def test_which_arms_share_the_evaluation_before_rl():
+  shares = lambda spec: sweep.shares_before_eval(sweep.parse_arm(spec))  # noqa: E731
+  assert shares("base")
+  assert shares("lr2e-4 optim.learning_rate=2e-4 loss.kl_coef=0.1 trainer.trainable=top:8")
+  assert shares("wide rollout.tasks_per_step=11 rollout.pass_rate.epsilon=0.1 trainer.steps=3")
+  assert not shares("t06 temperature=0.6")  # the sampler's temperature moves the evaluation
+  assert not shares("t06 loss.temperature=0.6")
+  assert not shares("lora trainer.trainable=lora")  # adapters change the forward's arithmetic
+  assert not shares("n16 eval.samples=16") and not shares("s1 seed=1")
+  assert not shares("ckpt model.checkpoint=/x") and not shares("sb rollout.concurrency=4")
+
+
+def test_shared_evaluation_copies_only_the_before_rl_records(tmp_path):
+  donor, arm = tmp_path / "base", tmp_path / "lr"
+  (donor / "eval" / "before_rl").mkdir(parents=True)
+  result = {"solve_rate": 0.25, "per_task": {"t1": [1, 0]}, "eval_s": 300.0}
+  (donor / "eval" / "before_rl" / "result.json").write_text(json.dumps(result))
+  rows = [{"phase": "eval", "step": 0, "solve_rate": 0.25}, {"phase": "train", "step": 1},
+          {"phase": "eval", "step": 10, "solve_rate": 0.5}]
+  (donor / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  trials = [{"phase": "eval_before_rl", "task_id": "t1"}, {"phase": "rl", "task_id": "t2"},
+            {"phase": "eval_after_rl", "task_id": "t1"}]
+  (donor / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trials))
+  assert not sweep.share_before_eval(str(tmp_path / "none"), str(arm))  # no donor result
+  assert not arm.exists()
+  assert sweep.share_before_eval(str(donor), str(arm))
+  assert json.loads((arm / "eval" / "before_rl" / "result.json").read_text()) == result
+  assert [json.loads(l) for l in (arm / "metrics.jsonl").read_text().splitlines()] == rows[:1]
+  assert [json.loads(l) for l in (arm / "trials.jsonl").read_text().splitlines()] == trials[:1]
+  assert not sweep.share_before_eval(str(donor), str(arm))  # the arm has its own: untouched
+  assert len((arm / "metrics.jsonl").read_text().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_two_arm_sweep_on_the_tiny_preset(tmp_path):
   from legorl_jax.models import create_model, get_preset, save_pretrained
@@ -73,3 +106,10 @@ def test_two_arm_sweep_on_the_tiny_preset(tmp_path):
     summary = json.load(open(os.path.join(x["workdir"], "summary.json")))
     assert summary["policy"] == str(start) and "sft_steps" not in summary  # RL only, from the start
   assert "rank  arm" in r.stdout
+  # 'hot' changes only the learning rate, so it reuses base's evaluation before RL (paired)
+  assert "arm hot: evaluation before RL shared from" in r.stdout
+  before = {x["name"]: x["before"] for x in out["rows"]}
+  assert before["hot"] == before["base"]
+  evals = {n: [json.loads(l)["task_id"] for l in open(tmp_path / "sweep" / n / "trials.jsonl")
+               if json.loads(l)["phase"] == "eval_before_rl"] for n in ("base", "hot")}
+  assert evals["hot"] == evals["base"] and evals["hot"]
