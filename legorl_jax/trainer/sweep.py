@@ -5,8 +5,10 @@ Each arm is the run's config with a few fields changed (``ARM``: ``"NAME key=val
 temperature=0.8"``; ``temperature`` sets the sampler's and the learner's together), started
 from the same SFT checkpoint with no SFT phase, for ``sweep.steps`` RL steps. Arms rank by
 
-1. ``mixed_share``: the share of the arm's RL groups with mixed rewards, over its steps (the
-   groups that carry a GRPO signal: ``1 - groups_zero_variance_frac``);
+1. ``mixed_share``: the share of the groups the arm drew that had mixed rewards, over its steps
+   (the groups that carry a GRPO signal: ``groups_mixed / tasks_drawn``; a run without dynamic
+   sampling logs no draws and falls back to ``1 - groups_zero_variance_frac``; with it, every
+   group kept for the loss is mixed by construction, so that figure would read 1.0);
 2. ``train_solve_rate``: its mean training solve rate over the steps;
 3. ``gain``: the paired held-out gain of the main set over the arm's own evaluation before RL
    (``val_solve_rate_delta_rl``, with its clustered SE and z).
@@ -91,13 +93,19 @@ def arm_figures(workdir: str) -> dict:
     with open(path) as f:
       train = [m for m in (safe_json.loads(l, what=path) for l in f if l.strip()) if m.get("phase") == "train"]
   zero = [m["groups_zero_variance_frac"] for m in train if m.get("groups_zero_variance_frac") is not None]
+  drawn = [(m["groups_mixed"], m["tasks_drawn"]) for m in train
+           if m.get("tasks_drawn") and m.get("groups_mixed") is not None]
+  if drawn:
+    mixed_share = float(sum(g for g, _ in drawn) / sum(t for _, t in drawn))
+  else:
+    mixed_share = float(1.0 - np.mean(zero)) if zero else None
   solve = [m["solve_rate"] for m in train if m.get("solve_rate") is not None]
   summary = {}
   if os.path.exists(os.path.join(workdir, "summary.json")):
     with open(os.path.join(workdir, "summary.json")) as f:
       summary = safe_json.load(f)
   return {"steps": len(train),
-          "mixed_share": float(1.0 - np.mean(zero)) if zero else None,
+          "mixed_share": mixed_share,
           "train_solve_rate": float(np.mean(solve)) if solve else None,
           "gain": summary.get("val_solve_rate_delta_rl"),
           "gain_se": summary.get("val_solve_rate_delta_se_rl"),

@@ -51,6 +51,18 @@ def test_figures_and_ranking(tmp_path):
   assert table[0].split()[:3] == ["rank", "arm", "mixed"] and len(table) == 5
 
 
+def test_mixed_share_counts_the_groups_drawn_under_dynamic_sampling(tmp_path):
+  # rl_long/rl_gain draw rounds until enough groups are mixed and keep only those, so the kept
+  # groups are all mixed (zero-variance share 0.0); the drawn ones say how often RL finds signal
+  steps = [{"groups_zero_variance_frac": 0.0, "groups_mixed": 9, "tasks_drawn": 24},
+           {"groups_zero_variance_frac": 0.0, "groups_mixed": 4, "tasks_drawn": 8},
+           {"groups_zero_variance_frac": 0.0, "groups_mixed": 3, "tasks_drawn": 0}]  # no draw: skipped
+  (tmp_path / "metrics.jsonl").write_text("".join(
+      json.dumps({"phase": "train", "step": i + 1, "solve_rate": 0.2, **m}) + "\n"
+      for i, m in enumerate(steps)))
+  assert sweep.arm_figures(str(tmp_path))["mixed_share"] == pytest.approx(13 / 32)
+
+
 def test_which_arms_share_the_evaluation_before_rl():
   shares = lambda spec: sweep.shares_before_eval(sweep.parse_arm(spec))  # noqa: E731
   assert shares("base")
