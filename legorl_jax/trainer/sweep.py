@@ -13,8 +13,10 @@ from the same SFT checkpoint with no SFT phase, for ``sweep.steps`` RL steps. Ar
 3. ``gain``: the paired held-out gain of the main set over the arm's own evaluation before RL
    (``val_solve_rate_delta_rl``, with its clustered SE and z).
 
-An arm whose ``summary.json`` exists is not run again (a stopped sweep continues where it
-stopped; a stopped arm resumes from its checkpoints).
+An arm the KL guard stops (``trainer.max_kl``) is recorded as stopped, with the guard's message,
+and ranks after every arm that finished; the sweep goes on to the next arm. An arm whose
+``summary.json`` or ``stopped.json`` exists is not run again (an interrupted sweep continues where
+it left off; an interrupted arm resumes from its checkpoints).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import numpy as np
 
 from legorl_jax import errors
 from legorl_jax.utils import safe_json
+
+STOPPED = "stopped.json"  # an arm the KL guard stopped: {"reason": the guard's message}
 
 
 @dataclasses.dataclass
@@ -100,11 +104,15 @@ def arm_figures(workdir: str) -> dict:
   else:
     mixed_share = float(1.0 - np.mean(zero)) if zero else None
   solve = [m["solve_rate"] for m in train if m.get("solve_rate") is not None]
+  stopped = None
+  if os.path.exists(os.path.join(workdir, STOPPED)):
+    with open(os.path.join(workdir, STOPPED)) as f:
+      stopped = safe_json.load(f).get("reason")
   summary = {}
   if os.path.exists(os.path.join(workdir, "summary.json")):
     with open(os.path.join(workdir, "summary.json")) as f:
       summary = safe_json.load(f)
-  return {"steps": len(train),
+  return {"steps": len(train), "stopped": stopped,
           "mixed_share": mixed_share,
           "train_solve_rate": float(np.mean(solve)) if solve else None,
           "gain": summary.get("val_solve_rate_delta_rl"),
@@ -118,8 +126,8 @@ def rank_arms(rows: Sequence[dict]) -> list[dict]:
   """Rows (each an arm's figures with ``name``) best first, ``rank`` set from 1; a missing
   figure ranks last on its key."""
   def key(r):
-    return tuple(-(r.get(k) if r.get(k) is not None else -np.inf)
-                 for k in ("mixed_share", "train_solve_rate", "gain"))
+    return (bool(r.get("stopped")),) + tuple(-(r.get(k) if r.get(k) is not None else -np.inf)
+                                             for k in ("mixed_share", "train_solve_rate", "gain"))
   out = sorted(rows, key=key)
   for i, r in enumerate(out, start=1):
     r["rank"] = i
@@ -137,6 +145,8 @@ def format_table(rows: Sequence[dict]) -> str:
                  f"{f(r['train_solve_rate'], '6.3f')}  {f(r['before'], '6.3f')}  "
                  f"{f(r['after'], '6.3f')}  {f(r['gain'], '+7.3f')}  {f(r['gain_se'], '6.3f')}  "
                  f"{f(r['gain_z'], '5.2f')}")
+    if r.get("stopped"):
+      lines.append(f"      stopped after {r['steps']} steps: {r['stopped'].split(';')[0]}")
   return "\n".join(lines)
 
 
@@ -209,11 +219,16 @@ def run_sweep(cfg, workdir: str, start: str, arms: Sequence[str], steps: int) ->
   for arm in parsed:
     arm_dir = os.path.join(workdir, arm.name)
     c = arm_config(cfg, start, arm, steps)
-    if not os.path.exists(os.path.join(arm_dir, "summary.json")):
+    if not any(os.path.exists(os.path.join(arm_dir, n)) for n in ("summary.json", STOPPED)):
       print(f"[sweep] arm {arm.name}: {arm.overrides or 'the config as it is'}", flush=True)
       if donor and shares_before_eval(arm) and share_before_eval(donor, arm_dir):
         print(f"[sweep] arm {arm.name}: evaluation before RL shared from {donor}", flush=True)
-      pipeline.run(c, arm_dir)
+      try:
+        pipeline.run(c, arm_dir)
+      except errors.KLBoundError as e:  # a finding about the arm, not a failure of the sweep
+        print(f"[sweep] arm {arm.name} stopped: {e}", flush=True)
+        with open(os.path.join(arm_dir, STOPPED), "w") as f:
+          json.dump({"reason": str(e)}, f)
     if donor is None and shares_before_eval(arm) and os.path.exists(_before_result(arm_dir)):
       donor = arm_dir
     rows.append({"name": arm.name, "overrides": arm.overrides, "workdir": arm_dir,

@@ -51,6 +51,21 @@ def test_figures_and_ranking(tmp_path):
   assert table[0].split()[:3] == ["rank", "arm", "mixed"] and len(table) == 5
 
 
+def test_an_arm_the_kl_guard_stopped_ranks_last_and_says_why(tmp_path):
+  for name, solve in (("calm", 0.2), ("hot", 0.6)):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "metrics.jsonl").write_text(json.dumps({"phase": "train", "step": 1, "solve_rate": solve,
+                                                 "groups_mixed": 4, "tasks_drawn": 8}) + "\n")
+  (tmp_path / "hot" / sweep.STOPPED).write_text(json.dumps(
+      {"reason": "RL step 1: kl_to_start_k3 = 0.3 passed trainer.max_kl = 0.2; the policy ..."}))
+  rows = sweep.rank_arms([{"name": n, **sweep.arm_figures(str(tmp_path / n))} for n in ("hot", "calm")])
+  assert [r["name"] for r in rows] == ["calm", "hot"]  # better figures, but it did not finish
+  assert rows[0]["stopped"] is None and rows[1]["stopped"].startswith("RL step 1")
+  table = sweep.format_table(rows)
+  assert "stopped after 1 steps: RL step 1: kl_to_start_k3 = 0.3 passed trainer.max_kl = 0.2" in table
+
+
 def test_mixed_share_counts_the_groups_drawn_under_dynamic_sampling(tmp_path):
   # rl_long/rl_gain draw rounds until enough groups are mixed and keep only those, so the kept
   # groups are all mixed (zero-variance share 0.0); the drawn ones say how often RL finds signal
@@ -107,13 +122,19 @@ def test_two_arm_sweep_on_the_tiny_preset(tmp_path):
   r = subprocess.run([sys.executable, "-m", "experiments.sweep", f"--workdir={tmp_path / 'sweep'}",
                       "--config=experiments/configs/demo_tiny.py", f"--start={start}", *small,
                       "--config.eval.greedy=False", "--config.sweep.steps=1",
-                      "--config.sweep.arms=('base', 'hot optim.learning_rate=0.05')"],
+                      "--config.sweep.arms=('base', 'hot optim.learning_rate=0.05', "
+                      "'tight trainer.max_kl=1e-12 loss.entropy_coef=0.5 optim.learning_rate=0.05')"],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
   out = json.load(open(tmp_path / "sweep" / "sweep.json"))
-  assert sorted(x["name"] for x in out["rows"]) == ["base", "hot"]
-  assert [x["rank"] for x in out["rows"]] == [1, 2]
-  for x in out["rows"]:
+  assert sorted(x["name"] for x in out["rows"]) == ["base", "hot", "tight"]
+  assert [x["rank"] for x in out["rows"]] == [1, 2, 3]
+  # the KL guard stops 'tight' after its first step: recorded and ranked last, the sweep goes on
+  tight = out["rows"][-1]
+  assert tight["name"] == "tight" and "passed trainer.max_kl = 1e-12" in tight["stopped"]
+  assert tight["steps"] == 1 and tight["gain"] is None
+  assert "arm tight stopped: RL step 1" in r.stdout
+  for x in out["rows"][:2]:
     assert x["steps"] == 1 and x["mixed_share"] is not None and x["before"] is not None
     summary = json.load(open(os.path.join(x["workdir"], "summary.json")))
     assert summary["policy"] == str(start) and "sft_steps" not in summary  # RL only, from the start
