@@ -31,6 +31,10 @@ Measured (2026-12-07, BENCHMARKS.md): from the screen's pick, 40 steps moved the
 16.0 -> 28.9% (+12.9 points, paired SE 4.5, z 2.88; +2.7 / +6.2 / +11.7 after 12 / 20 / 30
 steps) with ``names_demo`` +1.2 (z 0.29) and the KL at 0.036-0.063: one seed, short of +15.
 
+The sweep (2026-12-08, BENCHMARKS.md), two 10-step arms from that start: lr 1e-4 (this config)
++2.3 points (z 1.36), KL 0.050; lr 2e-4 +5.1 (z 2.03) but KL 0.190 at step 10 and rising, near
+the guard. By the issue's ranking (mixed share first) lr 1e-4 stays.
+
 The objective options (``loss.demo_replay_weight``, ``loss.clip_eps_high``) stay as in
 ``rl_long.py`` until the sweep has measured them.
 """
