@@ -46,7 +46,7 @@ from legorl_jax.trainer.task_sets import (HELD_OUT_MODES, extra_held_out_sets,  
 from legorl_jax.trainer.checkpoint import Checkpointer
 from legorl_jax.trainer.learner import Learner
 from legorl_jax.trainer.policy_service import PolicyService
-from legorl_jax.trainer.run_state import RunState
+from legorl_jax.trainer.run_state import BEFORE_RL_RESULT, RunState
 from legorl_jax.trainer.step_profile import StepProfile
 from legorl_jax.utils import cpu_time, paths
 
@@ -337,7 +337,7 @@ def run(cfg, workdir: str) -> dict:
       run_state.phase, run_state.before = "rl", {}
     if run_state.phase == "eval_before":
       # Its result lives beside the step-0 checkpoint, so a resumed run does not redo it.
-      before_path = paths.join(workdir, "eval", "before_rl", "result.json")
+      before_path = paths.join(workdir, *BEFORE_RL_RESULT)
       if paths.exists(before_path):
         before = json.loads(paths.read_text(before_path))
         run_state.phase_s.setdefault("eval_before", float(before.get("eval_s", 0.0)))

@@ -13,6 +13,10 @@ from typing import Any
 
 from legorl_jax import errors
 
+# Where a run keeps its evaluation before RL, relative to its workdir: a resumed run reuses it,
+# and a sweep arm that changes only the RL phase is seeded with another arm's (``sweep``).
+BEFORE_RL_RESULT = ("eval", "before_rl", "result.json")
+
 PHASES = ("sft", "eval_before", "rl")
 
 

@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from legorl_jax import errors
+from legorl_jax.trainer import run_state
 from legorl_jax.utils import safe_json
 
 STOPPED = "stopped.json"  # an arm the KL guard stopped: {"reason": the guard's message}
@@ -176,7 +177,7 @@ def shares_before_eval(arm: Arm) -> bool:
 
 
 def _before_result(arm_dir: str) -> str:
-  return os.path.join(arm_dir, "eval", "before_rl", "result.json")
+  return os.path.join(arm_dir, *run_state.BEFORE_RL_RESULT)
 
 
 def share_before_eval(donor_dir: str, arm_dir: str) -> bool:
